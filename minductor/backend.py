@@ -1,0 +1,57 @@
+"""The ``torch.compile`` entry point: ``backend="minductor"``.
+
+Declared as the ``torch_dynamo_backends`` entry point in pyproject.toml, so it works in a
+fresh interpreter without ``import minductor``. AOTAutograd turns Dynamo's graph into aten
+forward/backward (or inference) graphs; each goes through ``compile_graph``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+aten = torch.ops.aten
+
+# composite ops outside the core table that we want as primitives we fuse
+_EXTRA_DECOMPOSITIONS = [
+    aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.native_batch_norm,
+    aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit_functional,
+    aten.native_group_norm, aten.addcdiv, aten.lerp, aten.sigmoid_backward, aten.tanh_backward,
+    aten.silu_backward, aten.gelu_backward, aten.mse_loss_backward, aten.std, aten.logit,
+]
+# decompositions we drop because a direct lowering is better
+_KEEP_WHOLE = [aten.clamp_min, aten.clamp_max]
+
+
+@functools.lru_cache(maxsize=None)
+def decomposition_table() -> dict[Any, Callable[..., Any]]:
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions(_EXTRA_DECOMPOSITIONS))
+    for packet in _KEEP_WHOLE:
+        for name in packet.overloads():
+            table.pop(getattr(packet, name), None)
+    return table
+
+
+def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
+    def compile_fn(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        from minductor.graph import compile_graph
+
+        return compile_graph(gm, example_inputs, kind)
+
+    return compile_fn
+
+
+def minductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+    """Dynamo backend: AOTAutograd with minductor's forward/backward/inference compilers."""
+    return aot_autograd(
+        fw_compiler=_compiler("forward"),
+        bw_compiler=_compiler("backward"),
+        inference_compiler=_compiler("inference"),
+        decompositions=decomposition_table(),
+        partition_fn=min_cut_rematerialization_partition,
+    )(gm, example_inputs)

@@ -1,0 +1,149 @@
+"""Shared codegen pieces: index printing, kernel arguments, CSE and indented code buffers."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Iterator
+
+import sympy
+import torch
+
+from minductor.ir.indexing import FloorDiv, ModularIndexing
+
+Expr = sympy.Expr
+
+CPP_TYPES = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "mi_half",
+    torch.bfloat16: "mi_bf16", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+}
+# the type values of a dtype are computed in (fp16/bf16 compute in float32)
+CPP_COMPUTE_TYPES = CPP_TYPES | {torch.float16: "float", torch.bfloat16: "float"}
+
+
+def cpp_index(expr: Expr) -> str:
+    """Print an integer index expression as C++."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return str(int(expr))
+    if expr.is_Symbol:
+        return expr.name
+    if expr.is_Add:
+        terms = [cpp_index(a) for a in sorted(expr.args, key=sympy.default_sort_key)]
+        out = terms[0]
+        for t in terms[1:]:
+            out += f" - {t[1:]}" if t.startswith("-") and " " not in t else f" + {t}"
+        return out
+    if expr.is_Mul:
+        coeff, rest = expr.as_coeff_Mul()
+        factors = [_paren(cpp_index(f)) for f in sympy.Mul.make_args(rest)]
+        body = "*".join(factors)
+        if coeff == 1:
+            return body
+        if coeff == -1:
+            return f"-{body}"
+        return f"{int(coeff)}L*{body}" if coeff.is_Integer else f"({coeff})*{body}"
+    if isinstance(expr, FloorDiv):
+        return f"({cpp_index(expr.args[0])}) / {_paren(cpp_index(expr.args[1]))}"
+    if isinstance(expr, ModularIndexing):
+        base, div, mod = expr.args
+        inner = cpp_index(base) if div == 1 else f"({cpp_index(base)}) / {_paren(cpp_index(div))}"
+        return f"(({inner}) % {_paren(cpp_index(mod))})"
+    if expr.is_Pow and expr.exp.is_Integer and expr.exp > 0:
+        return "*".join([_paren(cpp_index(expr.base))] * int(expr.exp))
+    if isinstance(expr, sympy.Max):
+        return f"std::max<int64_t>({cpp_index(expr.args[0])}, {cpp_index(sympy.Max(*expr.args[1:]))})"
+    if isinstance(expr, sympy.Min):
+        return f"std::min<int64_t>({cpp_index(expr.args[0])}, {cpp_index(sympy.Min(*expr.args[1:]))})"
+    raise NotImplementedError(f"cannot print index expression {expr} ({type(expr).__name__})")
+
+
+def _paren(s: str) -> str:
+    return s if s.replace("_", "").isalnum() else f"({s})"
+
+
+@dataclasses.dataclass
+class KernelArgs:
+    """Buffers a kernel touches, named ``in_ptrN`` / ``out_ptrN`` in call order."""
+
+    inputs: dict[str, str] = dataclasses.field(default_factory=dict)
+    outputs: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def input(self, name: str) -> str:
+        if name in self.outputs:
+            return self.outputs[name]
+        if name not in self.inputs:
+            self.inputs[name] = f"in_ptr{len(self.inputs)}"
+        return self.inputs[name]
+
+    def output(self, name: str) -> str:
+        if name not in self.outputs:
+            self.outputs[name] = f"out_ptr{len(self.outputs)}"
+        return self.outputs[name]
+
+    def call_order(self) -> list[tuple[str, str, bool]]:
+        """(buffer name, arg name, is_output) in signature order."""
+        return [(b, a, False) for b, a in self.inputs.items() if b not in self.outputs] + [
+            (b, a, True) for b, a in self.outputs.items()
+        ]
+
+
+class CodeBuffer:
+    """Lines with indentation."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._indent = 0
+
+    def writeline(self, line: str) -> None:
+        self.lines.append("    " * self._indent + line if line else "")
+
+    def splice(self, other: "CodeBuffer") -> None:
+        for line in other.lines:
+            self.writeline(line)
+
+    @contextlib.contextmanager
+    def indent(self, open_brace: bool = True) -> Iterator[None]:
+        if open_brace:
+            self.writeline("{")
+        self._indent += 1
+        try:
+            yield
+        finally:
+            self._indent -= 1
+            if open_brace:
+                self.writeline("}")
+
+    def getvalue(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+class CSE:
+    """Common-subexpression elimination: the same expression yields the same ``tmpN``."""
+
+    def __init__(self, prefix: str = "tmp") -> None:
+        self.prefix = prefix
+        self.cache: dict[str, str] = {}
+        self.counter = 0
+
+    def newvar(self) -> str:
+        name = f"{self.prefix}{self.counter}"
+        self.counter += 1
+        return name
+
+    def generate(self, buffer: CodeBuffer, expr: str) -> str:
+        if expr in self.cache:
+            return self.cache[expr]
+        var = self.newvar()
+        buffer.writeline(f"auto {var} = {expr};")
+        self.cache[expr] = var
+        return var
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Entries made inside are forgotten on exit (they live in a nested C++ scope)."""
+        saved = dict(self.cache)
+        try:
+            yield
+        finally:
+            self.cache = saved

@@ -1,0 +1,401 @@
+"""C++/OpenMP kernels: one ``extern "C"`` function per fused group.
+
+Kernel shape: the group's shared outer loops (``x0..``, parallel), and inside them one
+block per *loop* -- consecutive nodes with the same inner ranges -- each with a prefix
+(accumulators), an inner loop nest (``x``/``r`` variables, vectorizable) and a suffix
+(reduction stores). Softmax is therefore one kernel: per row, a max loop, a sum loop and a
+pointwise loop. Contiguous dims are merged first so plain elementwise code is one loop.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Sequence
+
+import sympy
+import torch
+
+from minductor.codegen.common import CPP_COMPUTE_TYPES, CPP_TYPES, CSE, CodeBuffer, KernelArgs, cpp_index
+from minductor.codegen.cpp_ops import CppOps, cpp_constant
+from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
+from minductor.scheduler.deps import MemoryDep
+from minductor.scheduler.nodes import FusedGroup, SchedulerNode
+from minductor.virtualized import V
+
+Expr = sympy.Expr
+
+# below this many element-iterations a kernel runs on one thread
+PARALLEL_THRESHOLD = 32768
+
+
+@dataclasses.dataclass
+class Loop:
+    """Nodes sharing one inner loop nest inside the outer loops."""
+
+    nodes: list[SchedulerNode]
+    pw_inner: list[Expr]
+    red: list[Expr]
+
+    def key(self) -> tuple[tuple[Expr, ...], tuple[Expr, ...]]:
+        return tuple(self.pw_inner), tuple(self.red)
+
+
+@dataclasses.dataclass
+class MergedDims:
+    """Loop dims after merging contiguous ones: loop variables, sizes, and the substitution
+    that maps original variables onto them."""
+
+    variables: list[sympy.Symbol]
+    sizes: list[Expr]
+    substitution: dict[sympy.Symbol, Expr]
+
+
+def merge_dims(variables: Sequence[sympy.Symbol], sizes: Sequence[Expr], exprs: Sequence[Expr], prefix: str) -> MergedDims:
+    """Merge adjacent dims ``i, i+1`` when every index uses them as one flat dim."""
+    groups: list[list[int]] = []
+    coeffs = [affine_coeffs(e, list(variables)) for e in exprs]
+    for i in range(len(variables)):
+        if groups and _mergeable(groups[-1][-1], i, variables, sizes, coeffs):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    new_vars = make_vars(prefix, len(groups), start=0)
+    new_vars = [index_symbol(f"{prefix}{i}") for i in range(len(groups))]
+    sub: dict[sympy.Symbol, Expr] = {}
+    new_sizes = []
+    for var, group in zip(new_vars, groups):
+        size = sympy.Integer(1)
+        for i in group:
+            size = size * sizes[i]
+        new_sizes.append(size)
+        # v_last -> merged var, others -> 0: valid because each index is c * (flat index)
+        for i in group[:-1]:
+            sub[variables[i]] = sympy.Integer(0)
+        sub[variables[group[-1]]] = var
+    return MergedDims(new_vars, new_sizes, sub)
+
+
+def _mergeable(i: int, j: int, variables: Sequence[sympy.Symbol], sizes: Sequence[Expr], coeffs: list) -> bool:
+    vi, vj = variables[i], variables[j]
+    for c in coeffs:
+        if c is None:
+            return False
+        if c[vi] != c[vj] * sizes[j]:
+            return False
+    return True
+
+
+def kernel_name(group: FusedGroup, index: int) -> str:
+    origins: set[str] = set()
+    for n in group.nodes:
+        origins |= set(n.node.origins)
+    parts = sorted(o for o in origins if o)[:6]
+    return "cpp_fused_" + "_".join(parts + [str(index)]) if parts else f"cpp_kernel_{index}"
+
+
+class CppKernel:
+    """Generates the C++ source of one fused group."""
+
+    def __init__(self, group: FusedGroup, name: str) -> None:
+        self.group = group
+        self.name = name
+        self.args = KernelArgs()
+        self.cse = CSE()
+        self.acc_cse = CSE("tmp_acc")
+        self.body = CodeBuffer()
+        self.prefix = CodeBuffer()
+        self.suffix = CodeBuffer()
+        self.substitution: dict[sympy.Symbol, Expr] = {}
+        self.range_of: dict[sympy.Symbol, Expr] = {}
+        self.rlinear: Expr = sympy.Integer(0)
+        self.accumulators: list[tuple[str, str, str, str]] = []  # name, type, init, combine
+        self.vectorize_sum_only = True
+
+    # -- handler callbacks ---------------------------------------------------------------
+
+    def index_str(self, expr: Expr) -> str:
+        expr = sympy.sympify(expr).xreplace(self.substitution)
+        return cpp_index(simplify_index(sympy.expand(expr), self.range_of))
+
+    def load(self, name: str, index: Expr) -> str:
+        arg = self.args.input(name)
+        dtype = V.graph.get_dtype(name)
+        access = f"{arg}[{self.index_str(index)}]"
+        if dtype == torch.float16:
+            access = f"static_cast<float>({access})"
+        elif dtype == torch.bfloat16:
+            access = f"mi_bf16_to_float({access})"
+        return self.cse.generate(self.body, access)
+
+    def store(self, name: str, index: Expr, value: str, buffer: CodeBuffer) -> None:
+        arg = self.args.output(name)
+        dtype = V.graph.get_dtype(name)
+        if dtype == torch.float16:
+            value = f"static_cast<mi_half>({value})"
+        elif dtype == torch.bfloat16:
+            value = f"mi_float_to_bf16({value})"
+        else:
+            value = f"static_cast<{CPP_TYPES[dtype]}>({value})"
+        buffer.writeline(f"{arg}[{self.index_str(index)}] = {value};")
+
+    def masked(self, mask: str, body: Callable[[], Any], other: bool | int | float) -> str:
+        saved = self.body
+        inner = CodeBuffer()
+        self.body = inner
+        with self.cse.scope():
+            value = body()
+        self.body = saved
+        fn = self.cse.newvar()
+        self.body.writeline(f"auto {fn} = [&]() {{")
+        with self.body.indent(open_brace=False):
+            self.body.splice(inner)
+            self.body.writeline(f"return {value};")
+        self.body.writeline("};")
+        other_str = cpp_constant(other, torch.bool if isinstance(other, bool) else (torch.float64 if isinstance(other, float) else torch.int64))
+        return self.cse.generate(self.body, f"{mask} ? {fn}() : static_cast<std::decay_t<decltype({fn}())>>({other_str})")
+
+    def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, rtype: str, value: str) -> Any:
+        key = f"{rtype}({value})"
+        if key in self.cse.cache:
+            acc = self.cse.cache[key]
+        else:
+            acc = self.acc_cse.newvar()
+            self.cse.cache[key] = acc
+            ctype = CPP_COMPUTE_TYPES[src_dtype if rtype in ("argmax", "argmin") else dtype]
+            acc_type, init, update, combine = _reduction_code(rtype, ctype, acc, value, self.index_str(self.rlinear))
+            self.prefix.writeline(f"{acc_type} {acc} = {init};")
+            self.body.writeline(f"{acc} = {update};")
+            self.accumulators.append((acc, acc_type, init, combine))
+            if rtype != "sum":
+                self.vectorize_sum_only = False
+        if rtype == "welford_reduce":
+            return (f"{acc}.mean", f"{acc}.m2", f"{acc}.weight")
+        if rtype in ("argmax", "argmin"):
+            return f"{acc}.index"
+        return acc
+
+    # -- structure -----------------------------------------------------------------------
+
+    def split_loops(self) -> list[Loop]:
+        n_outer = len(self.group.outer)
+        loops: list[Loop] = []
+        for node in self.group.nodes:
+            pw_inner, red = node.pw_ranges[n_outer:], node.red_ranges
+            if loops and loops[-1].key() == (tuple(pw_inner), tuple(red)) and _joins(loops[-1], node):
+                loops[-1].nodes.append(node)
+            else:
+                loops.append(Loop([node], list(pw_inner), list(red)))
+        return loops
+
+    def generate(self) -> str:
+        outer = list(self.group.outer)
+        n_outer = len(outer)
+        loops = self.split_loops()
+        all_exprs = [e for n in self.group.nodes for e in n.read_writes.index_exprs]
+        outer_vars = make_vars("x", n_outer)
+        merged_outer = merge_dims(outer_vars, outer, all_exprs, "x")
+        # merged outer vars are renamed to avoid clashing with inner x-vars
+        rename = {v: index_symbol(f"xo{i}") for i, v in enumerate(merged_outer.variables)}
+        merged_outer = MergedDims(
+            [rename[v] for v in merged_outer.variables], merged_outer.sizes,
+            {k: v.xreplace(rename) for k, v in merged_outer.substitution.items()},
+        )
+        outer_numel = sympy.Mul(*outer) if outer else sympy.Integer(1)
+        inner_work = sum((sympy.Mul(*(lp.pw_inner + lp.red)) for lp in loops), sympy.Integer(0))
+        work = int(outer_numel * max(inner_work, 1))
+        parallel = work >= PARALLEL_THRESHOLD
+        code = CodeBuffer()
+        code.writeline(f"// Source nodes: {', '.join(self.group.names())}")
+        for n in self.group.nodes:
+            code.writeline(f"//   {n.node.name}: {type(n.node.data).__name__} {', '.join(sorted(n.node.origins))}")
+        only_reductions = len(loops) == 1 and all(n.is_reduction() for n in loops[0].nodes)
+        if n_outer == 0 and only_reductions and parallel:
+            self.emit_parallel_reduction(code, loops[0])
+        else:
+            self.emit_outer(code, merged_outer, loops, parallel)
+        return self.render(code)
+
+    def emit_outer(self, code: CodeBuffer, outer: MergedDims, loops: list[Loop], parallel: bool) -> None:
+        n = len(outer.variables)
+        pure_pointwise = len(loops) == 1 and not loops[0].pw_inner and not loops[0].red
+        for i, (var, size) in enumerate(zip(outer.variables, outer.sizes)):
+            self.range_of[var] = size
+            innermost = i == n - 1
+            if i == 0 and parallel:
+                if pure_pointwise and n == 1:
+                    code.writeline("#pragma omp parallel for simd schedule(static)")
+                else:
+                    collapse = n - 1 if pure_pointwise else n
+                    if collapse >= 1:
+                        code.writeline(f"#pragma omp parallel for schedule(static){f' collapse({collapse})' if collapse > 1 else ''}")
+            if innermost and pure_pointwise and not (parallel and n == 1):
+                code.writeline("#pragma omp simd")
+            code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
+            code._indent += 0
+            code.writeline("{")
+            code._indent += 1
+        for loop in loops:
+            self.emit_loop(code, outer, loop)
+        for _ in range(n):
+            code._indent -= 1
+            code.writeline("}")
+
+    def emit_loop(self, code: CodeBuffer, outer: MergedDims, loop: Loop, simd: bool = True) -> CodeBuffer:
+        """Emit one inner loop block; returns nothing but fills ``code``."""
+        self.body, self.prefix, self.suffix = CodeBuffer(), CodeBuffer(), CodeBuffer()
+        self.cse = CSE()
+        self.cse.counter = self._tmp_counter()
+        n_outer = len(self.group.outer)
+        pw_vars = make_vars("x", len(loop.pw_inner), start=n_outer)
+        red_vars = make_vars("r", len(loop.red))
+        exprs = [e for node in loop.nodes for e in node.read_writes.index_exprs]
+        merged_pw = merge_dims(pw_vars, loop.pw_inner, exprs, "xi")
+        merged_red = merge_dims(red_vars, loop.red, exprs, "ri")
+        self.substitution = outer.substitution | merged_pw.substitution | merged_red.substitution
+        for v, s in zip(merged_pw.variables + merged_red.variables, merged_pw.sizes + merged_red.sizes):
+            self.range_of[v] = s
+        self.rlinear = _linear(red_vars, loop.red)
+        self.accumulators = []
+        self.vectorize_sum_only = True
+        with V.set_ops(CppOps(self)), V.set_kernel(self):
+            for node in loop.nodes:
+                xs = make_vars("x", n_outer) + pw_vars
+                node.run(xs, red_vars)
+        self._tmp_counter_value = self.cse.counter
+        code.writeline("{")
+        code._indent += 1
+        code.splice(self.prefix)
+        inner = list(zip(merged_pw.variables, merged_pw.sizes)) + list(zip(merged_red.variables, merged_red.sizes))
+        for i, (var, size) in enumerate(inner):
+            if i == len(inner) - 1 and simd:
+                code.writeline(self._simd_pragma())
+            code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
+            code.writeline("{")
+            code._indent += 1
+        code.splice(self.body)
+        for _ in inner:
+            code._indent -= 1
+            code.writeline("}")
+        code.splice(self.suffix)
+        code._indent -= 1
+        code.writeline("}")
+        return code
+
+    def _simd_pragma(self) -> str:
+        sums = [name for name, _, _, _ in self.accumulators]
+        if not self.accumulators:
+            return "#pragma omp simd"
+        if self.vectorize_sum_only and all(t in ("float", "double", "int64_t", "int32_t") for _, t, _, _ in self.accumulators):
+            return f"#pragma omp simd reduction(+:{', '.join(sums)})"
+        return "// reduction with a non-sum combine: scalar loop"
+
+    def _tmp_counter(self) -> int:
+        return getattr(self, "_tmp_counter_value", 0)
+
+    def emit_parallel_reduction(self, code: CodeBuffer, loop: Loop) -> None:
+        """A full reduction: per-thread accumulators combined in thread order (deterministic)."""
+        block = CodeBuffer()
+        outer = MergedDims([], [], {})
+        self.emit_loop(block, outer, loop, simd=False)
+        # block: "{", prefix, for-nest, suffix, "}" -- rebuild it around a parallel region
+        accs = self.accumulators
+        prefix, body_and_loops, suffix = self.prefix, block, self.suffix
+        code.writeline("{")
+        with code.indent(open_brace=False):
+            code.writeline("const int mi_nt = omp_get_max_threads() < MI_MAX_THREADS ? omp_get_max_threads() : MI_MAX_THREADS;")
+            for name, acc_type, init, _ in accs:
+                code.writeline(f"{acc_type} {name}_partial[MI_MAX_THREADS];")
+                code.writeline(f"for (int t = 0; t < mi_nt; t++) {name}_partial[t] = {init};")
+            code.writeline("#pragma omp parallel num_threads(mi_nt)")
+            code.writeline("{")
+            with code.indent(open_brace=False):
+                code.splice(prefix)
+                loop_lines = _strip_block(body_and_loops.lines, len(prefix.lines), len(suffix.lines))
+                collapse = len([ln for ln in loop_lines if ln.lstrip().startswith("for (")])
+                code.writeline(f"#pragma omp for schedule(static){f' collapse({collapse})' if collapse > 1 else ''}")
+                for line in loop_lines:
+                    if line.strip().startswith(("#pragma omp simd", "// reduction with")):
+                        continue
+                    code.lines.append("    " * 2 + line.strip() if False else line)
+                for name, _, _, _ in accs:
+                    code.writeline(f"{name}_partial[omp_get_thread_num()] = {name};")
+            code.writeline("}")
+            for name, acc_type, _, combine in accs:
+                code.writeline(f"{acc_type} {name} = {name}_partial[0];")
+                code.writeline(f"for (int t = 1; t < mi_nt; t++) {name} = {combine.format(a=name, b=f'{name}_partial[t]')};")
+            code.splice(suffix)
+        code.writeline("}")
+
+    def render(self, code: CodeBuffer) -> str:
+        params = []
+        for buf, arg, is_out in self.args.call_order():
+            ctype = CPP_TYPES[V.graph.get_dtype(buf)]
+            params.append(f"{ctype}* {arg}" if is_out else f"const {ctype}* {arg}")
+        out = CodeBuffer()
+        out.writeline('#include "minductor_prelude.h"')
+        out.writeline("")
+        out.writeline(f'extern "C" void {self.name}({", ".join(params)})')
+        out.writeline("{")
+        with out.indent(open_brace=False):
+            out.splice(code)
+        out.writeline("}")
+        return out.getvalue()
+
+
+def _strip_block(lines: list[str], n_prefix: int, n_suffix: int) -> list[str]:
+    """The loop nest of an ``emit_loop`` block without its braces, prefix and suffix."""
+    inner = lines[1:-1]
+    return inner[n_prefix: len(inner) - n_suffix]
+
+
+def _linear(variables: Sequence[sympy.Symbol], sizes: Sequence[Expr]) -> Expr:
+    out: Expr = sympy.Integer(0)
+    stride: Expr = sympy.Integer(1)
+    for v, s in reversed(list(zip(variables, sizes))):
+        out = out + v * stride
+        stride = stride * s
+    return out
+
+
+def _joins(loop: Loop, node: SchedulerNode) -> bool:
+    """Whether ``node`` can run in ``loop``'s iteration (it reads nothing the loop has not
+    finished writing by the time the same iteration reaches it)."""
+    written = {}
+    for n in loop.nodes:
+        for d in n.read_writes.writes:
+            written[d.name] = (n, d)
+    for dep in node.read_writes.reads:
+        if dep.name not in written:
+            continue
+        writer, wdep = written[dep.name]
+        if writer.is_reduction() or not isinstance(dep, MemoryDep) or not isinstance(wdep, MemoryDep):
+            return False
+        if sympy.expand(dep.index - wdep.index) != 0:
+            return False
+    return True
+
+
+def _reduction_code(rtype: str, ctype: str, acc: str, value: str, rindex: str) -> tuple[str, str, str, str]:
+    """(accumulator type, init, update expression, combine format with {a} and {b})."""
+    v = f"static_cast<{ctype}>({value})"
+    if rtype == "sum":
+        return ctype, f"static_cast<{ctype}>(0)", f"{acc} + {v}", "{a} + {b}"
+    if rtype == "prod":
+        return ctype, f"static_cast<{ctype}>(1)", f"{acc} * {v}", "{a} * {b}"
+    if rtype == "max":
+        return ctype, f"mi_lowest<{ctype}>()", f"mi_maximum<{ctype}>({acc}, {v})", f"mi_maximum<{ctype}>({{a}}, {{b}})"
+    if rtype == "min":
+        return ctype, f"mi_highest<{ctype}>()", f"mi_minimum<{ctype}>({acc}, {v})", f"mi_minimum<{ctype}>({{a}}, {{b}})"
+    if rtype == "any":
+        return "bool", "false", f"{acc} || static_cast<bool>({value})", "{a} || {b}"
+    if rtype in ("argmax", "argmin"):
+        t = f"MiArg<{ctype}>"
+        is_max = "true" if rtype == "argmax" else "false"
+        return t, f"{t}{{mi_lowest<{ctype}>(), -1}}", f"mi_{rtype}_update<{ctype}>({acc}, {v}, {rindex})", f"mi_arg_combine<{ctype}, {is_max}>({{a}}, {{b}})"
+    if rtype == "welford_reduce":
+        t = f"MiWelford<{ctype}>"
+        return t, f"{t}{{0, 0, 0}}", f"mi_welford_update<{ctype}>({acc}, {v})", f"mi_welford_combine<{ctype}>({{a}}, {{b}})"
+    raise NotImplementedError(f"reduction type {rtype}")
+
+
+__all__ = ["CppKernel", "kernel_name", "math"]

@@ -1,0 +1,301 @@
+"""The C++ ops handler: every op of the vocabulary as a C++ expression, CSE'd into ``tmpN``.
+
+Values are C++ variable names. Arithmetic results are cast back to the operand type so
+``auto`` temporaries keep the dtype the lowering chose (C++ would widen int8 to int).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import sympy
+import torch
+
+from minductor.codegen.common import CPP_COMPUTE_TYPES, CPP_TYPES
+from minductor.ir.indexing import index_symbol
+
+Expr = sympy.Expr
+
+
+def cpp_constant(value: bool | int | float, dtype: torch.dtype) -> str:
+    ctype = CPP_COMPUTE_TYPES[dtype]
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        value = float(value)
+        if math.isnan(value):
+            return f"std::numeric_limits<{ctype}>::quiet_NaN()"
+        if math.isinf(value):
+            sign = "-" if value < 0 else ""
+            return f"{sign}std::numeric_limits<{ctype}>::infinity()"
+        return f"static_cast<{ctype}>({value!r})"
+    value = int(value)
+    if value == -(2**63):
+        return "static_cast<int64_t>(-9223372036854775807LL - 1)"
+    return f"static_cast<{ctype}>({value}LL)"
+
+
+def _t(x: str) -> str:
+    return f"std::decay_t<decltype({x})>"
+
+
+class CppOps:
+    """Handler installed while a C++ kernel body runs. ``kernel`` owns buffers and CSE."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def _cse(self, expr: str) -> str:
+        return self.kernel.cse.generate(self.kernel.body, expr)
+
+    def _same(self, a: str, expr: str) -> str:
+        return self._cse(f"static_cast<{_t(a)}>({expr})")
+
+    # unary -------------------------------------------------------------------------------
+    def abs(self, x: str) -> str:
+        return self._cse(f"mi_abs({x})")
+
+    def neg(self, x: str) -> str:
+        return self._same(x, f"-{x}")
+
+    def exp(self, x: str) -> str:
+        return self._cse(f"std::exp({x})")
+
+    def exp2(self, x: str) -> str:
+        return self._cse(f"std::exp2({x})")
+
+    def expm1(self, x: str) -> str:
+        return self._cse(f"std::expm1({x})")
+
+    def log(self, x: str) -> str:
+        return self._cse(f"std::log({x})")
+
+    def log2(self, x: str) -> str:
+        return self._cse(f"std::log2({x})")
+
+    def log10(self, x: str) -> str:
+        return self._cse(f"std::log10({x})")
+
+    def log1p(self, x: str) -> str:
+        return self._cse(f"std::log1p({x})")
+
+    def sqrt(self, x: str) -> str:
+        return self._cse(f"std::sqrt({x})")
+
+    def rsqrt(self, x: str) -> str:
+        return self._cse(f"mi_rsqrt({x})")
+
+    def sin(self, x: str) -> str:
+        return self._cse(f"std::sin({x})")
+
+    def cos(self, x: str) -> str:
+        return self._cse(f"std::cos({x})")
+
+    def tan(self, x: str) -> str:
+        return self._cse(f"std::tan({x})")
+
+    def asin(self, x: str) -> str:
+        return self._cse(f"std::asin({x})")
+
+    def acos(self, x: str) -> str:
+        return self._cse(f"std::acos({x})")
+
+    def atan(self, x: str) -> str:
+        return self._cse(f"std::atan({x})")
+
+    def sinh(self, x: str) -> str:
+        return self._cse(f"std::sinh({x})")
+
+    def cosh(self, x: str) -> str:
+        return self._cse(f"std::cosh({x})")
+
+    def tanh(self, x: str) -> str:
+        return self._cse(f"std::tanh({x})")
+
+    def asinh(self, x: str) -> str:
+        return self._cse(f"std::asinh({x})")
+
+    def acosh(self, x: str) -> str:
+        return self._cse(f"std::acosh({x})")
+
+    def atanh(self, x: str) -> str:
+        return self._cse(f"std::atanh({x})")
+
+    def erf(self, x: str) -> str:
+        return self._cse(f"std::erf({x})")
+
+    def erfc(self, x: str) -> str:
+        return self._cse(f"std::erfc({x})")
+
+    def erfinv(self, x: str) -> str:
+        return self._cse(f"mi_erfinv({x})")
+
+    def sigmoid(self, x: str) -> str:
+        return self._cse(f"mi_sigmoid({x})")
+
+    def relu(self, x: str) -> str:
+        return self._cse(f"mi_relu({x})")
+
+    def floor(self, x: str) -> str:
+        return self._cse(f"std::floor({x})")
+
+    def ceil(self, x: str) -> str:
+        return self._cse(f"std::ceil({x})")
+
+    def trunc(self, x: str) -> str:
+        return self._cse(f"std::trunc({x})")
+
+    def round(self, x: str) -> str:
+        return self._cse(f"std::nearbyint({x})")
+
+    def sign(self, x: str) -> str:
+        return self._cse(f"mi_sign({x})")
+
+    def reciprocal(self, x: str) -> str:
+        return self._cse(f"mi_reciprocal({x})")
+
+    def square(self, x: str) -> str:
+        return self._same(x, f"{x} * {x}")
+
+    def logical_not(self, x: str) -> str:
+        return self._cse(f"!{x}")
+
+    def bitwise_not(self, x: str) -> str:
+        return self._same(x, f"~{x}")
+
+    def isnan(self, x: str) -> str:
+        return self._cse(f"mi_isnan({x})")
+
+    def isinf(self, x: str) -> str:
+        return self._cse(f"std::isinf({x})")
+
+    def signbit(self, x: str) -> str:
+        return self._cse(f"std::signbit({x})")
+
+    def lgamma(self, x: str) -> str:
+        return self._cse(f"std::lgamma({x})")
+
+    # binary ------------------------------------------------------------------------------
+    def add(self, a: str, b: str) -> str:
+        return self._same(a, f"{a} + {b}")
+
+    def sub(self, a: str, b: str) -> str:
+        return self._same(a, f"{a} - {b}")
+
+    def mul(self, a: str, b: str) -> str:
+        return self._same(a, f"{a} * {b}")
+
+    def truediv(self, a: str, b: str) -> str:
+        return self._same(a, f"{a} / {b}")
+
+    def floordiv(self, a: str, b: str) -> str:
+        return self._cse(f"mi_floordiv<{_t(a)}>({a}, {b})")
+
+    def truncdiv(self, a: str, b: str) -> str:
+        return self._cse(f"mi_truncdiv<{_t(a)}>({a}, {b})")
+
+    def mod(self, a: str, b: str) -> str:
+        return self._cse(f"mi_mod<{_t(a)}>({a}, {b})")
+
+    def fmod(self, a: str, b: str) -> str:
+        return self._cse(f"mi_fmod<{_t(a)}>({a}, {b})")
+
+    def pow(self, a: str, b: str) -> str:
+        return self._cse(f"mi_pow<{_t(a)}>({a}, {b})")
+
+    def maximum(self, a: str, b: str) -> str:
+        return self._cse(f"mi_maximum<{_t(a)}>({a}, {b})")
+
+    def minimum(self, a: str, b: str) -> str:
+        return self._cse(f"mi_minimum<{_t(a)}>({a}, {b})")
+
+    def atan2(self, a: str, b: str) -> str:
+        return self._cse(f"std::atan2({a}, {b})")
+
+    def hypot(self, a: str, b: str) -> str:
+        return self._cse(f"std::hypot({a}, {b})")
+
+    def copysign(self, a: str, b: str) -> str:
+        return self._cse(f"std::copysign({a}, {b})")
+
+    def nextafter(self, a: str, b: str) -> str:
+        return self._cse(f"std::nextafter({a}, {b})")
+
+    def eq(self, a: str, b: str) -> str:
+        return self._cse(f"{a} == {b}")
+
+    def ne(self, a: str, b: str) -> str:
+        return self._cse(f"{a} != {b}")
+
+    def lt(self, a: str, b: str) -> str:
+        return self._cse(f"{a} < {b}")
+
+    def le(self, a: str, b: str) -> str:
+        return self._cse(f"{a} <= {b}")
+
+    def gt(self, a: str, b: str) -> str:
+        return self._cse(f"{a} > {b}")
+
+    def ge(self, a: str, b: str) -> str:
+        return self._cse(f"{a} >= {b}")
+
+    def logical_and(self, a: str, b: str) -> str:
+        return self._cse(f"{a} && {b}")
+
+    def logical_or(self, a: str, b: str) -> str:
+        return self._cse(f"{a} || {b}")
+
+    def logical_xor(self, a: str, b: str) -> str:
+        return self._cse(f"static_cast<bool>({a}) != static_cast<bool>({b})")
+
+    def bitwise_and(self, a: str, b: str) -> str:
+        return self._same(a, f"{a} & {b}")
+
+    def bitwise_or(self, a: str, b: str) -> str:
+        return self._same(a, f"{a} | {b}")
+
+    def bitwise_xor(self, a: str, b: str) -> str:
+        return self._same(a, f"{a} ^ {b}")
+
+    def left_shift(self, a: str, b: str) -> str:
+        return self._cse(f"mi_shl<{_t(a)}>({a}, {b})")
+
+    def right_shift(self, a: str, b: str) -> str:
+        return self._cse(f"mi_shr<{_t(a)}>({a}, {b})")
+
+    def where(self, cond: str, a: str, b: str) -> str:
+        return self._cse(f"{cond} ? {a} : static_cast<{_t(a)}>({b})")
+
+    # memory and the rest -------------------------------------------------------------------
+    def load(self, name: str, index: Expr) -> str:
+        return self.kernel.load(name, index)
+
+    def store(self, name: str, index: Expr, value: str) -> None:
+        self.kernel.store(name, index, value, self.kernel.body)
+
+    def store_reduction(self, name: str, index: Expr, value: str) -> None:
+        self.kernel.store(name, index, value, self.kernel.suffix)
+
+    def index_expr(self, expr: Expr, dtype: torch.dtype) -> str:
+        return self._cse(f"static_cast<{CPP_COMPUTE_TYPES[dtype]}>({self.kernel.index_str(expr)})")
+
+    def indirect_indexing(self, x: str, size: Expr, check: bool = True) -> Expr:
+        size_str = self.kernel.index_str(size)
+        var = self._cse(f"static_cast<int64_t>({x} < 0 ? {x} + {size_str} : {x})")
+        return index_symbol(var)
+
+    def constant(self, value: bool | int | float, dtype: torch.dtype) -> str:
+        return self._cse(cpp_constant(value, dtype))
+
+    def to_dtype(self, x: str, dtype: torch.dtype) -> str:
+        if dtype == torch.float16:
+            return self._cse(f"mi_round_half(static_cast<float>({x}))")
+        if dtype == torch.bfloat16:
+            return self._cse(f"mi_round_bf16(static_cast<float>({x}))")
+        return self._cse(f"static_cast<{CPP_TYPES[dtype]}>({x})")
+
+    def masked(self, mask: str, body: Callable[[], Any], other: bool | int | float) -> str:
+        return self.kernel.masked(mask, body, other)
+
+    def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, reduction_type: str, value: str) -> Any:
+        return self.kernel.reduction(dtype, src_dtype, reduction_type, value)

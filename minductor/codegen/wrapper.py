@@ -1,0 +1,182 @@
+"""The generated Python module: kernel sources, then ``call(args)`` that allocates, calls
+kernels and extern ops, frees dead buffers and returns outputs."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import sympy
+import torch
+
+from minductor import metrics
+from minductor.codegen.common import CodeBuffer
+from minductor.codegen.cpp import CppKernel, kernel_name
+from minductor.ir.nodes import (
+    Buffer, ComputedBuffer, ExternKernel, ExternKernelOut, FallbackKernel, InputBuffer, IRNode, MultiOutput,
+)
+from minductor.ir.views import ReinterpretView
+from minductor.scheduler import Scheduler
+from minductor.scheduler.nodes import ExternSchedulerNode, FusedGroup
+
+
+class WrapperCodegenError(Exception):
+    """The graph holds a value the wrapper cannot express; the graph then runs through aten."""
+
+
+@dataclasses.dataclass
+class WrapperModule:
+    source: str
+    kernels: list[tuple[str, str]]  # (name, C++ source)
+
+
+def _shape(values: Any) -> str:
+    items = [str(int(v)) for v in values]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def py_arg(obj: Any) -> str:
+    """Python source for an extern call argument."""
+    if isinstance(obj, ReinterpretView):
+        lay = obj.layout
+        return f"reinterpret_tensor({obj.data.name}, {_shape(lay.size)}, {_shape(lay.stride)}, {int(lay.offset)})"
+    if isinstance(obj, Buffer):
+        return obj.name
+    if isinstance(obj, IRNode):
+        raise WrapperCodegenError(f"unrealized IR value {obj}")
+    if isinstance(obj, (list, tuple)):
+        inner = ", ".join(py_arg(o) for o in obj)
+        return f"[{inner}]" if isinstance(obj, list) else f"({inner}{',' if len(obj) == 1 else ''})"
+    if isinstance(obj, torch.dtype):
+        return str(obj)
+    if isinstance(obj, torch.device):
+        return f"torch.device({str(obj)!r})"
+    if isinstance(obj, (torch.layout, torch.memory_format)):
+        return str(obj)
+    if isinstance(obj, float):
+        return f"float({str(obj)!r})" if (math.isinf(obj) or math.isnan(obj)) else repr(obj)
+    if isinstance(obj, (bool, int, str)) or obj is None:
+        return repr(obj)
+    if isinstance(obj, sympy.Integer):
+        return str(int(obj))
+    raise WrapperCodegenError(f"cannot pass {type(obj).__name__} to an extern call")
+
+
+def _alloc(buf: Buffer) -> str:
+    lay = buf.layout
+    return (
+        f"{buf.name} = empty_strided({_shape(lay.size)}, {_shape(lay.stride)}, "
+        f"device={str(lay.device)!r}, dtype={lay.dtype})"
+    )
+
+
+def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
+    kernels: list[tuple[str, str]] = []
+    body = CodeBuffer()
+    inputs = graph.graph_input_names
+    body.writeline(f"{', '.join(inputs)}{',' if len(inputs) == 1 else ''} = args" if inputs else "pass")
+    body.writeline("args.clear()")
+    for name in inputs:
+        buf = graph.graph_inputs.get(name)
+        if buf is not None:
+            body.writeline(f"assert_size_stride({name}, {_shape(buf.layout.size)}, {_shape(buf.layout.stride)}, {name!r})")
+    outputs = scheduler.output_names()
+    for i, unit in enumerate(scheduler.units):
+        if isinstance(unit, FusedGroup):
+            name = kernel_name(unit, len(kernels))
+            kernel = CppKernel(unit, name)
+            source = kernel.generate()
+            kernels.append((name, source))
+            for n in unit.nodes:
+                body.writeline(_alloc(n.node))
+            call_args = ", ".join(f"c_void_p({buf}.data_ptr())" for buf, _, _ in kernel.args.call_order())
+            body.writeline(f"{name}({call_args})")
+        else:
+            _extern_call(body, unit)
+        dead = sorted(n for n, last in scheduler.last_use.items() if last == i and n not in outputs)
+        if dead:
+            body.writeline(f"del {', '.join(dead)}")
+    rets = [_output_expr(o) for o in graph.graph_outputs]
+    body.writeline(f"return ({', '.join(rets)}{',' if len(rets) == 1 else ''})")
+    return WrapperModule(_render_module(body, kernels), kernels)
+
+
+def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode) -> None:
+    node = unit.node
+    if isinstance(node, MultiOutput):
+        body.writeline(f"{node.name} = {node.parent.name}{''.join(f'[{i}]' for i in node.indices)}")
+        return
+    assert isinstance(node, ExternKernel)
+    args = [py_arg(a) for a in node.args]
+    kwargs = [f"{k}={py_arg(v)}" for k, v in node.kwargs.items()]
+    op = _op_name(node.op)
+    if isinstance(node, ExternKernelOut):
+        body.writeline(_alloc(node))
+        body.writeline(f"{op}({', '.join(args + kwargs + [f'out={node.name}'])})")
+    else:
+        assert isinstance(node, FallbackKernel)
+        body.writeline(f"{node.name} = {op}({', '.join(args + kwargs)})  # fallback")
+
+
+def _op_name(op: Any) -> str:
+    if isinstance(op, torch._ops.OpOverload):
+        return f"torch.ops.{op.namespace}.{op._schema.name.split('::')[1]}.{op._overloadname}"
+    raise WrapperCodegenError(f"extern op {op} is not an aten overload")
+
+
+def _output_expr(out: Any) -> str:
+    if out is None:
+        return "None"
+    if isinstance(out, (ReinterpretView, Buffer)):
+        return py_arg(out)
+    if isinstance(out, (int, float, bool)):
+        return py_arg(out)
+    raise WrapperCodegenError(f"cannot return {out}")
+
+
+def _render_module(body: CodeBuffer, kernels: list[tuple[str, str]]) -> str:
+    out = CodeBuffer()
+    out.writeline("# minductor generated wrapper")
+    out.writeline("import torch")
+    out.writeline("from ctypes import c_void_p")
+    out.writeline("from minductor.runtime.cache import compile_and_load_many")
+    out.writeline("from minductor.runtime.helpers import assert_size_stride, reinterpret_tensor")
+    out.writeline("")
+    out.writeline("empty_strided = torch.empty_strided")
+    out.writeline("")
+    for name, source in kernels:
+        out.writeline(f"{name}_source = r'''")
+        out.lines.extend(source.rstrip("\n").split("\n"))
+        out.writeline("'''")
+        out.writeline("")
+    if kernels:
+        names = ", ".join(n for n, _ in kernels)
+        items = ", ".join(f"({n}_source, {n!r})" for n, _ in kernels)
+        out.writeline(f"{names}{',' if len(kernels) == 1 else ''} = compile_and_load_many([{items}])")
+        out.writeline("")
+    out.writeline("")
+    out.writeline("def call(args):")
+    with out.indent(open_brace=False):
+        out.splice(body)
+    out.writeline("")
+    out.writeline("call._boxed_call = True")
+    return out.getvalue()
+
+
+def load_wrapper(module: WrapperModule, dump: Any) -> Callable[[list[Any]], Any]:
+    """Compile the kernels (in parallel, through the cache) and return ``call``."""
+    if dump is not None:
+        path = dump.write("output_code.py", module.source)
+        for name, source in module.kernels:
+            dump.write(f"{name}.cpp", source)
+        filename = str(path)
+    else:
+        filename = "<minductor output_code>"
+    namespace: dict[str, Any] = {"__name__": "minductor_output_code"}
+    exec(compile(module.source, filename, "exec"), namespace)  # noqa: S102 - our own generated code
+    metrics.generated_kernel_count += len(module.kernels)
+    metrics.kernels_by_backend["cpp"] += len(module.kernels)
+    return namespace["call"]
+
+
+__all__ = ["generate_wrapper", "load_wrapper", "ComputedBuffer", "InputBuffer"]

@@ -1,0 +1,211 @@
+"""GraphLowering (aten FX graph -> IR) and ``compile_graph``, the whole pipeline."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Sequence
+
+import sympy
+import torch
+import torch.fx
+
+from minductor import config, metrics
+from minductor.ir.layout import FixedLayout, as_exprs
+from minductor.ir.nodes import Buffer, IRNode, InputBuffer, StorageBox, TensorBox
+from minductor.ir.views import ReinterpretView, realize_input
+from minductor.lowering import SUPPORTED_DTYPES, Unsupported, lowerings
+from minductor.lowering.extern import fallback
+from minductor.virtualized import V
+
+log = logging.getLogger("minductor")
+
+
+class GraphLowering(torch.fx.Interpreter):
+    """Interprets an aten graph, producing IR instead of tensors."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+        super().__init__(gm, garbage_collect_values=False)
+        self.example_inputs = list(example_inputs)
+        self.buffers: list[Buffer] = []
+        self.name_to_buffer: dict[str, Buffer] = {}
+        self.graph_inputs: dict[str, InputBuffer] = {}
+        self.graph_input_names: list[str] = []
+        self.graph_outputs: list[IRNode | None] = []
+        self.current_node: torch.fx.Node | None = None
+        self._input_index = 0
+
+    def register_buffer(self, buf: Buffer) -> str:
+        buf.name = f"buf{len(self.buffers)}"
+        self.buffers.append(buf)
+        self.name_to_buffer[buf.name] = buf
+        return buf.name
+
+    def get_buffer(self, name: str) -> Buffer:
+        if name in self.name_to_buffer:
+            return self.name_to_buffer[name]
+        return self.graph_inputs[name]
+
+    def get_dtype(self, name: str) -> torch.dtype:
+        return self.get_buffer(name).get_dtype()
+
+    # -- fx.Interpreter hooks -----------------------------------------------------------
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        self.current_node = n
+        result = super().run_node(n)
+        if n.op == "call_function" and isinstance(result, TensorBox) and isinstance(result.data, StorageBox):
+            result.data.realize_if_costly(len(n.users))
+        return result
+
+    def placeholder(self, target: str, args: Any, kwargs: Any) -> Any:
+        example = self.example_inputs[self._input_index]
+        self._input_index += 1
+        name = self.current_node.name
+        self.graph_input_names.append(name)
+        if not isinstance(example, torch.Tensor):
+            return example
+        layout = FixedLayout(example.device, example.dtype, tuple(as_exprs(example.shape)), tuple(as_exprs(example.stride())))
+        buf = InputBuffer(name=name, layout=layout)
+        self.graph_inputs[name] = buf
+        return TensorBox(StorageBox(buf))
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        val = self.current_node.meta.get("val")
+        lowering = lowerings.get(target)
+        if lowering is not None and _dtypes_supported(args, kwargs, val):
+            try:
+                result = lowering(*args, **kwargs)
+                _tag_origin(result, self.current_node)
+                return result
+            except Unsupported as e:
+                log.debug("falling back for %s: %s", target, e)
+        if target is getattr:
+            raise Unsupported("getattr in graph")
+        if target.__module__ == "_operator" and target.__name__ == "getitem":
+            return args[0][args[1]]
+        return fallback(target, args, kwargs, val)
+
+    def output(self, target: str, args: Any, kwargs: Any) -> Any:
+        outputs = args[0]
+        self.graph_outputs = [self._realize_output(o, i) for i, o in enumerate(outputs)]
+        return self.graph_outputs
+
+    def _realize_output(self, value: Any, i: int) -> IRNode | None:
+        if not isinstance(value, IRNode):
+            return value
+        if isinstance(value, TensorBox) and isinstance(value.data, StorageBox):
+            value.data.realize()  # realize, but keep the layout open until strides are adopted
+            if isinstance(value.data.data, Buffer) and not isinstance(value.data.data, InputBuffer):
+                node = self.module.graph.find_nodes(op="output")[0].args[0][i]
+                meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+                if isinstance(meta, torch.Tensor):
+                    _adopt_strides(value.data.data, meta)
+        return realize_input(value)
+
+
+def _adopt_strides(buf: Buffer, meta: torch.Tensor) -> None:
+    """Give an output the strides eager would produce, if the buffer is still ours to shape."""
+    from minductor.ir.layout import FlexibleLayout
+
+    layout = buf.layout
+    if not isinstance(layout, FlexibleLayout) or type(buf).__name__ != "ComputedBuffer":
+        return  # frozen: something already reads these strides
+    stride = tuple(as_exprs(meta.stride()))
+    if _dense(meta) and tuple(as_exprs(meta.shape)) == tuple(layout.size):
+        buf.layout = FixedLayout(layout.device, layout.dtype, layout.size, stride)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    return t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last) or _non_overlapping_dense(t)
+
+
+def _non_overlapping_dense(t: torch.Tensor) -> bool:
+    return torch._prims_common.is_non_overlapping_and_dense(t)
+
+
+def _tag_origin(result: Any, node: torch.fx.Node) -> None:
+    return None
+
+
+def _dtypes_supported(args: Any, kwargs: Any, val: Any) -> bool:
+    values = list(torch.utils._pytree.tree_leaves((args, kwargs)))
+    for v in values:
+        if isinstance(v, IRNode) and v.get_dtype() not in SUPPORTED_DTYPES:
+            return False
+        if isinstance(v, complex):
+            return False
+    for v in torch.utils._pytree.tree_leaves(val):
+        if isinstance(v, torch.Tensor) and (v.dtype not in SUPPORTED_DTYPES or v.device.type != "cpu"):
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def unsupported_reason(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
+    """Why this graph runs as plain aten instead (None when minductor compiles it)."""
+    for x in example_inputs:
+        if not isinstance(x, torch.Tensor):
+            return f"non-tensor graph input {type(x).__name__} (symbolic sizes are not supported yet)"
+        if x.device.type != "cpu":
+            return f"input on {x.device} (only CPU kernels are generated so far)"
+        if any(not isinstance(s, int) for s in x.shape) or any(not isinstance(s, int) for s in x.stride()):
+            return "symbolic sizes (dynamic shapes are not supported yet)"
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            if node.target._schema.is_mutable:
+                return f"in-graph mutation by {node.target}"
+        val = node.meta.get("val")
+        for v in torch.utils._pytree.tree_leaves(val):
+            if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape)):
+                return f"symbolic value produced by {node.format_node()}"
+    return None
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[[list[Any]], Any]:
+    """The pipeline: lower -> schedule -> codegen -> wrap -> load. Returns a boxed callable."""
+    from minductor import debug
+    from minductor.codegen.wrapper import generate_wrapper, load_wrapper
+    from minductor.scheduler import Scheduler
+
+    reason = unsupported_reason(gm, example_inputs)
+    if reason is not None:
+        log.warning("minductor: running %s graph through aten: %s", kind, reason)
+        return _run_aten_graph(gm)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    dump = debug.maybe_graph_dump(kind)
+    if dump is not None:
+        dump.write("fx_graph.py", gm.print_readable(print_output=False))
+    graph = GraphLowering(gm, example_inputs)
+    with V.set_graph(graph):
+        graph.run(*example_inputs)                                   # 1. lower (and realize)
+        timings["lower"] = time.perf_counter() - t0
+        scheduler = Scheduler(graph)                                 # 2. schedule
+        if dump is not None:
+            dump.write("ir_pre_fusion.txt", scheduler.debug_str())
+        scheduler.fuse_nodes()
+        if dump is not None:
+            dump.write("ir_post_fusion.txt", scheduler.debug_str())
+        timings["schedule"] = time.perf_counter() - t0 - timings["lower"]
+        module = generate_wrapper(graph, scheduler)                  # 3-4. codegen + wrap
+    timings["codegen"] = time.perf_counter() - t0 - timings["lower"] - timings["schedule"]
+    call = load_wrapper(module, dump)                                # 5. load (compiles kernels)
+    timings["load"] = time.perf_counter() - t0 - sum(timings.values())
+    metrics.graphs_compiled += 1
+    log.info("minductor: compiled %s graph in %.3fs %s", kind, time.perf_counter() - t0, timings)
+    return call
+
+
+def _run_aten_graph(gm: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:
+    def call(args: list[Any]) -> Any:
+        inputs = list(args)
+        args.clear()
+        return gm(*inputs)
+
+    call._boxed_call = True  # type: ignore[attr-defined]
+    return call
+
+
+__all__ = ["GraphLowering", "compile_graph", "sympy", "ReinterpretView"]

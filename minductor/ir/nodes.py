@@ -1,0 +1,375 @@
+"""IR nodes: lazy loops, buffers, and the boxes lowerings pass around.
+
+``TensorBox(StorageBox(data))``: a TensorBox is the handle a lowering returns (views are
+swapped in at this level); a StorageBox is the identity of one storage. Unrealized
+``Pointwise`` data is inlined into consumers through its loader; ``realize()`` turns it
+into a ``ComputedBuffer`` that the scheduler will turn into a kernel.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Callable, Sequence
+
+import sympy
+import torch
+
+from minductor.ir.layout import FixedLayout, FlexibleLayout
+from minductor.ir.ops import DefaultHandler, ops
+from minductor.ir.indexing import make_vars
+from minductor.virtualized import V
+
+Expr = sympy.Expr
+Loader = Callable[[Sequence[Expr]], Any]
+
+# Costly bodies used more than once are computed once into a buffer; cheap ones are inlined.
+REALIZE_OPCOUNT_THRESHOLD = 8
+REALIZE_READS_THRESHOLD = 4
+# Any body larger than this is realized even with one user, to bound compile time.
+MAX_INLINE_OPCOUNT = 96
+
+
+class IRNode:
+    """Base of everything a lowering can hold: sizes, dtype, device and a loader."""
+
+    origins: frozenset[str] = frozenset()
+
+    def get_size(self) -> list[Expr]:
+        raise NotImplementedError
+
+    def get_dtype(self) -> torch.dtype:
+        raise NotImplementedError
+
+    def get_device(self) -> torch.device:
+        raise NotImplementedError
+
+    def make_loader(self) -> Loader:
+        raise NotImplementedError
+
+    def get_numel(self) -> Expr:
+        return sympy.Mul(*self.get_size()) if self.get_size() else sympy.Integer(1)
+
+    def is_realized(self) -> bool:
+        return False
+
+
+@dataclasses.dataclass(eq=False)
+class Loops(IRNode):
+    device: torch.device
+    dtype: torch.dtype
+    inner_fn: Callable[..., Any]
+    ranges: list[Expr]
+    origins: frozenset[str] = frozenset()
+
+    def get_size(self) -> list[Expr]:
+        return self.ranges
+
+    def get_dtype(self) -> torch.dtype:
+        return self.dtype
+
+    def get_device(self) -> torch.device:
+        return self.device
+
+    def opcount(self) -> tuple[int, int]:
+        """(ops, loads) executed by one evaluation of the body, inlined producers included."""
+        counter = _CountingHandler()
+        with V.set_ops(counter):
+            self._run_for_count()
+        return counter.ops, counter.loads
+
+    def _run_for_count(self) -> None:
+        self.inner_fn(make_vars("i", len(self.ranges)))
+
+
+@dataclasses.dataclass(eq=False)
+class Pointwise(Loops):
+    def make_loader(self) -> Loader:
+        return self.inner_fn
+
+    def __str__(self) -> str:
+        return f"Pointwise({self.dtype}, ranges={self.ranges}, origins={sorted(self.origins)})"
+
+
+@dataclasses.dataclass(eq=False)
+class Reduction(Loops):
+    """``inner_fn(index, rindex)`` combined over ``reduction_ranges`` by ``reduction_type``.
+
+    ``welford_reduce`` yields (mean, m2, weight); ``output_index`` picks which one this
+    node stores, so a var_mean is three buffers with one body that fuse into one loop.
+    """
+
+    src_dtype: torch.dtype = torch.float32
+    reduction_ranges: list[Expr] = dataclasses.field(default_factory=list)
+    reduction_type: str = "sum"
+    output_index: int | None = None
+
+    def make_loader(self) -> Loader:
+        raise RuntimeError("a Reduction is read through its realized buffer")
+
+    def _run_for_count(self) -> None:
+        self.inner_fn(make_vars("i", len(self.ranges)), make_vars("r", len(self.reduction_ranges)))
+
+    def __str__(self) -> str:
+        return (
+            f"Reduction({self.reduction_type}, {self.dtype}, ranges={self.ranges}, "
+            f"reduction_ranges={self.reduction_ranges}, origins={sorted(self.origins)})"
+        )
+
+
+class _CountingHandler(DefaultHandler):
+    def __init__(self) -> None:
+        self.ops = 0
+        self.loads = 0
+
+    def _default(self, name: str, args: tuple[Any, ...]) -> Any:
+        self.ops += 1
+        return "v"
+
+    def load(self, name: str, index: Expr) -> Any:
+        self.loads += 1
+        return "v"
+
+    def indirect_indexing(self, x: Any, size: Expr, check: bool = True) -> Expr:
+        return sympy.Integer(0)
+
+    def masked(self, mask: Any, body: Callable[[], Any], other: Any) -> Any:
+        self.ops += 1
+        return body()
+
+    def reduction(self, dtype: Any, src_dtype: Any, reduction_type: str, value: Any) -> Any:
+        self.ops += 1
+        return ("v", "v", "v") if reduction_type == "welford_reduce" else "v"
+
+
+# ---------------------------------------------------------------------------------------
+# Buffers
+
+
+@dataclasses.dataclass(eq=False)
+class Buffer(IRNode):
+    name: str
+    layout: FixedLayout
+
+    def get_size(self) -> list[Expr]:
+        return list(self.layout.size)
+
+    def get_stride(self) -> list[Expr]:
+        return list(self.layout.stride)
+
+    def get_dtype(self) -> torch.dtype:
+        return self.layout.dtype
+
+    def get_device(self) -> torch.device:
+        return self.layout.device
+
+    def is_realized(self) -> bool:
+        return True
+
+    def make_loader(self) -> Loader:
+        self.freeze_layout()  # a reader now depends on these strides
+        indexer = self.layout.make_indexer()
+        name = self.name
+
+        def loader(index: Sequence[Expr]) -> Any:
+            return ops.load(name, indexer(index))
+
+        return loader
+
+    def freeze_layout(self) -> FixedLayout:
+        if isinstance(self.layout, FlexibleLayout):
+            self.layout = self.layout.freeze()
+        return self.layout
+
+    def get_read_names(self) -> list[str]:
+        return []
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}({self.name}, {self.layout})"
+
+
+@dataclasses.dataclass(eq=False)
+class InputBuffer(Buffer):
+    """A graph input; its layout is the example tensor's."""
+
+
+@dataclasses.dataclass(eq=False)
+class ComputedBuffer(Buffer):
+    """A buffer whose contents a generated kernel computes from ``data``."""
+
+    data: Loops = None  # type: ignore[assignment]
+
+    @property
+    def origins(self) -> frozenset[str]:  # type: ignore[override]
+        return self.data.origins
+
+    def is_reduction(self) -> bool:
+        return isinstance(self.data, Reduction)
+
+    def get_ranges(self) -> tuple[list[Expr], list[Expr]]:
+        if isinstance(self.data, Reduction):
+            return list(self.data.ranges), list(self.data.reduction_ranges)
+        return list(self.data.ranges), []
+
+    def store_body(self, index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+        """Run the body under the current handler, storing into this buffer."""
+        out_index = self.layout.make_indexer()(index)
+        data = self.data
+        if isinstance(data, Reduction):
+            value = ops.reduction(data.dtype, data.src_dtype, data.reduction_type, data.inner_fn(index, rindex))
+            if data.output_index is not None:
+                value = value[data.output_index]
+            return ops.store_reduction(self.name, out_index, value)
+        return ops.store(self.name, out_index, data.inner_fn(index))
+
+    def __str__(self) -> str:
+        return f"ComputedBuffer({self.name}, {self.layout}, {self.data})"
+
+
+# ---------------------------------------------------------------------------------------
+# Boxes
+
+
+@dataclasses.dataclass(eq=False)
+class StorageBox(IRNode):
+    data: IRNode
+
+    def get_size(self) -> list[Expr]:
+        return self.data.get_size()
+
+    def get_dtype(self) -> torch.dtype:
+        return self.data.get_dtype()
+
+    def get_device(self) -> torch.device:
+        return self.data.get_device()
+
+    def make_loader(self) -> Loader:
+        return self.data.make_loader()
+
+    def is_realized(self) -> bool:
+        return isinstance(self.data, Buffer)
+
+    @property
+    def origins(self) -> frozenset[str]:  # type: ignore[override]
+        return self.data.origins if isinstance(self.data, Loops) else frozenset()
+
+    def realize(self) -> Buffer:
+        if isinstance(self.data, Loops):
+            layout = FlexibleLayout.contiguous(self.data.device, self.data.dtype, self.data.get_size())
+            buf = ComputedBuffer(name="", layout=layout, data=self.data)
+            V.graph.register_buffer(buf)
+            self.data = buf
+        assert isinstance(self.data, Buffer), self.data
+        return self.data
+
+    def realize_if_costly(self, users: int) -> None:
+        """Realization policy for a value with ``users`` consumers."""
+        if not isinstance(self.data, Pointwise):
+            return
+        n_ops, n_loads = self.data.opcount()
+        if n_ops > MAX_INLINE_OPCOUNT:
+            self.realize()
+        elif users > 1 and (n_ops > REALIZE_OPCOUNT_THRESHOLD or n_loads > REALIZE_READS_THRESHOLD):
+            self.realize()
+
+
+@dataclasses.dataclass(eq=False)
+class TensorBox(IRNode):
+    data: IRNode  # StorageBox, or a view over one
+
+    @staticmethod
+    def create(data: IRNode) -> "TensorBox":
+        return TensorBox(StorageBox(data))
+
+    def get_size(self) -> list[Expr]:
+        return self.data.get_size()
+
+    def get_dtype(self) -> torch.dtype:
+        return self.data.get_dtype()
+
+    def get_device(self) -> torch.device:
+        return self.data.get_device()
+
+    def make_loader(self) -> Loader:
+        return self.data.make_loader()
+
+    @property
+    def origins(self) -> frozenset[str]:  # type: ignore[override]
+        return self.data.origins
+
+    def realize(self) -> None:
+        """Realize the storage under this handle (views stay views)."""
+        storage = self.data
+        while not isinstance(storage, StorageBox):
+            base = getattr(storage, "base", None)
+            if base is None:
+                return
+            storage = base
+        storage.realize()
+
+    def __str__(self) -> str:
+        return f"TensorBox({self.data})"
+
+
+# ---------------------------------------------------------------------------------------
+# Externs: aten calls the wrapper makes directly.
+
+
+@dataclasses.dataclass(eq=False)
+class ExternKernel(Buffer):
+    """A call into an aten op from the wrapper. ``args``/``kwargs`` hold IR buffers or views
+    where the op takes tensors, and plain Python values elsewhere."""
+
+    op: Any = None  # torch._ops.OpOverload
+    args: Sequence[Any] = ()
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def input_nodes(self) -> list[IRNode]:
+        return [a for a in _flatten((self.args, self.kwargs)) if isinstance(a, IRNode)]
+
+    def get_read_names(self) -> list[str]:
+        names = []
+        for node in self.input_nodes():
+            names.append(storage_name(node))
+        return names
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}({self.name}, {self.op}, reads={self.get_read_names()})"
+
+
+@dataclasses.dataclass(eq=False)
+class ExternKernelOut(ExternKernel):
+    """An aten ``.out`` call writing into a buffer the wrapper plans (mm, addmm, bmm...)."""
+
+
+@dataclasses.dataclass(eq=False)
+class FallbackKernel(ExternKernel):
+    """An op minductor does not lower: the wrapper calls aten and takes what it returns.
+    With several outputs ``layout`` is None and ``MultiOutput`` nodes pick them out."""
+
+
+@dataclasses.dataclass(eq=False)
+class MultiOutput(Buffer):
+    """Element ``indices`` of a multi-output fallback's result."""
+
+    parent: FallbackKernel = None  # type: ignore[assignment]
+    indices: tuple[int, ...] = ()
+
+    def get_read_names(self) -> list[str]:
+        return [self.parent.name]
+
+
+def storage_name(node: IRNode) -> str:
+    """Name of the buffer that holds ``node``'s data (through views)."""
+    while not isinstance(node, Buffer):
+        node = getattr(node, "data", None) if not hasattr(node, "base") else node.base
+        if node is None:
+            raise RuntimeError("not a realized value")
+    return node.name
+
+
+def _flatten(obj: Any) -> list[Any]:
+    if isinstance(obj, (list, tuple)):
+        return list(itertools.chain.from_iterable(_flatten(o) for o in obj))
+    if isinstance(obj, dict):
+        return list(itertools.chain.from_iterable(_flatten(o) for o in obj.values()))
+    return [obj]

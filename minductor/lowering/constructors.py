@@ -1,0 +1,204 @@
+"""Constructors (full, zeros, arange, empty, *_like, scalar_tensor) and cat/stack."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import sympy
+import torch
+
+from minductor.ir.nodes import Pointwise, TensorBox
+from minductor.ir.ops import ops
+from minductor.lowering.registry import (
+    Unsupported,
+    aten,
+    expand_to,
+    is_tensor,
+    origins_of,
+    promote,
+    Promotion,
+    register_lowering,
+    to_dtype,
+)
+from minductor.lowering.views import unsqueeze
+
+Expr = sympy.Expr
+prims = torch.ops.prims
+
+
+def _device(device: Any) -> torch.device:
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type != "cpu":
+        raise Unsupported(f"constructor on {dev}")
+    return dev
+
+
+def _check_layout(kwargs: dict[str, Any]) -> None:
+    if kwargs.get("layout") not in (None, torch.strided):
+        raise Unsupported("non-strided layout")
+
+
+def full_of(size: Sequence[Any], value: Any, dtype: torch.dtype, device: torch.device) -> TensorBox:
+    if dtype == torch.bool:
+        value = bool(value)
+    elif not dtype.is_floating_point:
+        value = int(value)
+    else:
+        value = float(value)
+    return TensorBox.create(
+        Pointwise(device, dtype, lambda index: ops.constant(value, dtype), [sympy.sympify(s) for s in size], origins=frozenset({"full"}))
+    )
+
+
+def _default_dtype(value: Any) -> torch.dtype:
+    if isinstance(value, bool):
+        return torch.bool
+    if isinstance(value, int):
+        return torch.int64
+    return torch.get_default_dtype()
+
+
+@register_lowering(aten.full)
+def full(size: Sequence[Any], fill_value: Any, *, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
+    _check_layout(kwargs)
+    return full_of(size, fill_value, dtype or _default_dtype(fill_value), _device(kwargs.get("device")))
+
+
+@register_lowering(aten.scalar_tensor)
+def scalar_tensor(value: Any, *, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
+    _check_layout(kwargs)
+    return full_of([], value, dtype or torch.get_default_dtype(), _device(kwargs.get("device")))
+
+
+@register_lowering(aten.zeros)
+def zeros(size: Sequence[Any], *, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
+    _check_layout(kwargs)
+    return full_of(size, 0, dtype or torch.get_default_dtype(), _device(kwargs.get("device")))
+
+
+@register_lowering(aten.ones)
+def ones(size: Sequence[Any], *, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
+    _check_layout(kwargs)
+    return full_of(size, 1, dtype or torch.get_default_dtype(), _device(kwargs.get("device")))
+
+
+@register_lowering(aten.empty.memory_format, aten.empty_strided)
+def empty(size: Sequence[Any], *args: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
+    # contents are unspecified; zero-filled keeps results deterministic
+    _check_layout(kwargs)
+    return full_of(size, 0, dtype or torch.get_default_dtype(), _device(kwargs.get("device")))
+
+
+def _like(x: TensorBox, value: Any, dtype: torch.dtype | None, kwargs: dict[str, Any]) -> TensorBox:
+    _check_layout(kwargs)
+    device = kwargs.get("device")
+    return full_of(x.get_size(), value, dtype or x.get_dtype(), _device(device) if device is not None else x.get_device())
+
+
+@register_lowering(aten.full_like)
+def full_like(x: TensorBox, fill_value: Any, *, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
+    return _like(x, fill_value, dtype, kwargs)
+
+
+@register_lowering(aten.zeros_like)
+def zeros_like(x: TensorBox, *, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
+    return _like(x, 0, dtype, kwargs)
+
+
+@register_lowering(aten.ones_like)
+def ones_like(x: TensorBox, *, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
+    return _like(x, 1, dtype, kwargs)
+
+
+@register_lowering(aten.empty_like)
+def empty_like(x: TensorBox, *, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
+    return _like(x, 0, dtype, kwargs)
+
+
+@register_lowering(aten.arange.start_step, aten.arange.start, aten.arange.default)
+def arange(*args: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
+    _check_layout(kwargs)
+    start, end, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) > 2 else 1)
+    if dtype is None:
+        dtype = torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype()
+    length = max(0, -(-(end - start) // step)) if all(isinstance(v, int) for v in (start, end, step)) else None
+    if length is None:
+        import math
+
+        length = max(0, math.ceil((end - start) / step))
+    device = _device(kwargs.get("device"))
+    compute = torch.float64 if dtype.is_floating_point else torch.int64
+
+    def inner_fn(index: Sequence[Expr]) -> Any:
+        i = ops.index_expr(index[0], compute)
+        value = ops.add(ops.mul(i, ops.constant(step, compute)), ops.constant(start, compute))
+        return ops.to_dtype(value, dtype)
+
+    return TensorBox.create(Pointwise(device, dtype, inner_fn, [sympy.Integer(length)], origins=frozenset({"arange"})))
+
+
+@register_lowering(prims.iota)
+def iota(length: int, *, start: int, step: int, dtype: torch.dtype, device: Any, requires_grad: bool = False) -> TensorBox:
+    def inner_fn(index: Sequence[Expr]) -> Any:
+        return ops.index_expr(index[0] * step + start, dtype)
+
+    return TensorBox.create(Pointwise(_device(device), dtype, inner_fn, [sympy.Integer(length)], origins=frozenset({"iota"})))
+
+
+@register_lowering(aten.cat)
+def cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
+    """Concatenation as one pointwise body that selects its source by index (masked loads)."""
+    tensors = [t for t in tensors if not (len(t.get_size()) == 1 and t.get_size()[0] == 0)] or list(tensors[:1])
+    if len(tensors) == 1:
+        from minductor.lowering.pointwise import clone
+
+        return clone(tensors[0])
+    ndim = len(tensors[0].get_size())
+    dim = dim + ndim if dim < 0 else dim
+    _, dtype = promote(tensors, Promotion.NO_OPMATH)
+    tensors = [to_dtype(t, dtype) for t in tensors]
+    offsets, total = [], sympy.Integer(0)
+    for t in tensors:
+        offsets.append(total)
+        total = total + t.get_size()[dim]
+    size = list(tensors[0].get_size())
+    size[dim] = total
+    parts = []
+    for t in tensors:
+        t_size = list(size)
+        t_size[dim] = t.get_size()[dim]
+        parts.append(expand_to(t, t_size).make_loader())
+    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+    def inner_fn(index: Sequence[Expr]) -> Any:
+        i = index[dim]
+        result = None
+        for k in range(len(parts) - 1, -1, -1):
+            local = list(index)
+            local[dim] = i - offsets[k]
+            load = parts[k]
+            value = ops.masked(_in_part(i, offsets[k], k, offsets, total), _bind(load, local), 0)
+            result = value if result is None else ops.where(_in_part(i, offsets[k], k, offsets, total), value, result)
+        return result
+
+    return TensorBox.create(Pointwise(tensors[0].get_device(), dtype, inner_fn, size, origins=origins_of(*tensors) | {"cat"}))
+
+
+def _bind(load: Any, index: list[Expr]) -> Any:
+    return lambda: load(index)
+
+
+def _in_part(i: Expr, start: Expr, k: int, offsets: list[Expr], total: Expr) -> Any:
+    end = offsets[k + 1] if k + 1 < len(offsets) else total
+    lo = ops.ge(ops.index_expr(i, torch.int64), ops.constant(int(start), torch.int64))
+    hi = ops.lt(ops.index_expr(i, torch.int64), ops.constant(int(end), torch.int64))
+    return ops.logical_and(lo, hi)
+
+
+@register_lowering(aten.stack)
+def stack(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
+    ndim = len(tensors[0].get_size()) + 1
+    dim = dim + ndim if dim < 0 else dim
+    return cat([unsqueeze(t, dim) for t in tensors], dim)
+
+
+__all__ = ["is_tensor"]

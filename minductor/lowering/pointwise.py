@@ -1,0 +1,376 @@
+"""Pointwise lowerings: math, comparisons, logic, bitwise, where, clamp, casts."""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import sympy
+import torch
+
+from minductor.ir.nodes import Pointwise, TensorBox
+from minductor.ir.ops import ops
+from minductor.lowering.registry import (
+    Promotion,
+    _cast_loader,
+    broadcast_shapes,
+    expand_to,
+    origins_of,
+    promote,
+    scalar_loader,
+    Unsupported,
+    aten,
+    is_tensor,
+    make_pointwise,
+    register_lowering,
+    to_dtype,
+)
+
+Expr = sympy.Expr
+prims = torch.ops.prims
+
+# aten op -> ops name, for ops whose integer inputs compute in float
+_FLOAT_UNARY = {
+    aten.exp: "exp", aten.exp2: "exp2", aten.expm1: "expm1", aten.log: "log", aten.log2: "log2",
+    aten.log10: "log10", aten.log1p: "log1p", aten.sqrt: "sqrt", aten.rsqrt: "rsqrt",
+    aten.sin: "sin", aten.cos: "cos", aten.tan: "tan", aten.asin: "asin", aten.acos: "acos",
+    aten.atan: "atan", aten.sinh: "sinh", aten.cosh: "cosh", aten.tanh: "tanh",
+    aten.asinh: "asinh", aten.acosh: "acosh", aten.atanh: "atanh", aten.erf: "erf",
+    aten.erfc: "erfc", aten.erfinv: "erfinv", aten.sigmoid: "sigmoid", aten.lgamma: "lgamma",
+    aten.reciprocal: "reciprocal",
+}
+# aten op -> ops name, result keeps the input dtype
+_SAME_UNARY = {
+    aten.abs: "abs", aten.neg: "neg", aten.floor: "floor", aten.ceil: "ceil",
+    aten.trunc: "trunc", aten.sign: "sign", aten.relu: "relu",
+}
+_BOOL_UNARY = {aten.isnan: "isnan", aten.isinf: "isinf", aten.signbit: "signbit"}
+_COMPARE = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge"}
+_LOGICAL = {aten.logical_and: "logical_and", aten.logical_or: "logical_or", aten.logical_xor: "logical_xor"}
+_BITWISE = {
+    aten.bitwise_and: ("bitwise_and", "logical_and"),
+    aten.bitwise_or: ("bitwise_or", "logical_or"),
+    aten.bitwise_xor: ("bitwise_xor", "logical_xor"),
+}
+
+
+def _op(name: str) -> Any:
+    return getattr(ops, name)
+
+
+def _register_table() -> None:
+    for aten_op, name in _FLOAT_UNARY.items():
+        register_lowering(aten_op)(make_pointwise(_op(name), Promotion.INT_TO_FLOAT, name=aten_op.__name__))
+    for aten_op, name in _SAME_UNARY.items():
+        register_lowering(aten_op)(_int_identity_or(name, aten_op.__name__))
+    for aten_op, name in _BOOL_UNARY.items():
+        register_lowering(aten_op)(make_pointwise(_op(name), Promotion.ALWAYS_BOOL, name=aten_op.__name__))
+    for aten_op, name in _COMPARE.items():
+        register_lowering(aten_op)(make_pointwise(_op(name), Promotion.ALWAYS_BOOL, name=aten_op.__name__))
+    for aten_op, name in _LOGICAL.items():
+        register_lowering(aten_op)(_logical(name, aten_op.__name__))
+    for aten_op, (name, bool_name) in _BITWISE.items():
+        register_lowering(aten_op)(_bitwise(name, bool_name, aten_op.__name__))
+
+
+def _int_identity_or(name: str, origin: str) -> Any:
+    fn = make_pointwise(_op(name), name=origin)
+    rounding = name in ("floor", "ceil", "trunc")
+
+    def lowering(x: TensorBox) -> TensorBox:
+        if rounding and not x.get_dtype().is_floating_point:
+            return x
+        if name == "abs" and x.get_dtype() == torch.bool:
+            return x
+        return fn(x)
+
+    return lowering
+
+
+def _logical(name: str, origin: str) -> Any:
+    def lowering(a: Any, b: Any) -> TensorBox:
+        return make_pointwise(_op(name), Promotion.ALWAYS_BOOL, compute_dtype=torch.bool, name=origin)(
+            _as_bool(a), _as_bool(b)
+        )
+
+    return lowering
+
+
+def _as_bool(x: Any) -> Any:
+    if is_tensor(x):
+        return x if x.get_dtype() == torch.bool else make_pointwise(
+            lambda v: ops.ne(v, ops.constant(0, x.get_dtype())), Promotion.ALWAYS_BOOL, compute_dtype=x.get_dtype()
+        )(x)
+    return bool(x)
+
+
+def _bitwise(name: str, bool_name: str, origin: str) -> Any:
+    int_fn = make_pointwise(_op(name), name=origin)
+    bool_fn = make_pointwise(_op(bool_name), name=origin)
+
+    def lowering(a: Any, b: Any) -> TensorBox:
+        tensors = [t for t in (a, b) if is_tensor(t)]
+        if any(t.get_dtype().is_floating_point for t in tensors) or isinstance(a, float) or isinstance(b, float):
+            raise Unsupported("bitwise op on floating point")
+        if all(t.get_dtype() == torch.bool for t in tensors) and all(is_tensor(t) or isinstance(t, bool) for t in (a, b)):
+            return bool_fn(a, b)
+        return int_fn(a, b)
+
+    return lowering
+
+
+_register_table()
+
+
+@register_lowering(aten.logical_not)
+def logical_not(x: TensorBox) -> TensorBox:
+    return make_pointwise(ops.logical_not, Promotion.ALWAYS_BOOL, compute_dtype=torch.bool, name="logical_not")(_as_bool(x))
+
+
+@register_lowering(aten.bitwise_not)
+def bitwise_not(x: TensorBox) -> TensorBox:
+    if x.get_dtype() == torch.bool:
+        return logical_not(x)
+    if x.get_dtype().is_floating_point:
+        raise Unsupported("bitwise_not of float")
+    return make_pointwise(ops.bitwise_not, name="bitwise_not")(x)
+
+
+def _scaled(b: Any, alpha: Any) -> Any:
+    if alpha is None or alpha == 1:
+        return b
+    if is_tensor(b):
+        return mul(b, alpha)
+    return b * alpha
+
+
+_add = make_pointwise(ops.add, name="add")
+_sub = make_pointwise(ops.sub, name="sub")
+_mul = make_pointwise(ops.mul, name="mul")
+
+
+@register_lowering(aten.add)
+def add(a: Any, b: Any, alpha: Any = None) -> TensorBox:
+    b = _scaled(b, alpha)
+    if _all_bool(a, b):
+        return make_pointwise(ops.logical_or, name="add")(a, b)
+    return _add(a, b)
+
+
+@register_lowering(aten.sub)
+def sub(a: Any, b: Any, alpha: Any = None) -> TensorBox:
+    return _sub(a, _scaled(b, alpha))
+
+
+@register_lowering(aten.rsub)
+def rsub(a: Any, b: Any, alpha: Any = None) -> TensorBox:
+    return _sub(b, _scaled(a, alpha))
+
+
+@register_lowering(aten.mul)
+def mul(a: Any, b: Any) -> TensorBox:
+    if _all_bool(a, b):
+        return make_pointwise(ops.logical_and, name="mul")(a, b)
+    return _mul(a, b)
+
+
+def _all_bool(*args: Any) -> bool:
+    return all((is_tensor(a) and a.get_dtype() == torch.bool) or isinstance(a, bool) for a in args)
+
+
+_truediv = make_pointwise(ops.truediv, Promotion.INT_TO_FLOAT, name="div")
+
+
+@register_lowering(aten.div)
+def div(a: Any, b: Any, rounding_mode: str | None = None) -> TensorBox:
+    if rounding_mode is None:
+        return _truediv(a, b)
+    if rounding_mode == "trunc":
+        return make_pointwise(_div_trunc, name="div")(a, b)
+    if rounding_mode == "floor":
+        return make_pointwise(_div_floor, name="div")(a, b)
+    raise Unsupported(f"rounding_mode={rounding_mode!r}")
+
+
+# which ops to use for integer vs float operands is decided at codegen by the operand type;
+# ops.floordiv / ops.truncdiv follow Python / C semantics for both.
+def _div_trunc(a: Any, b: Any) -> Any:
+    return ops.truncdiv(a, b)
+
+
+def _div_floor(a: Any, b: Any) -> Any:
+    return ops.floordiv(a, b)
+
+
+@register_lowering(aten.remainder)
+def remainder(a: Any, b: Any) -> TensorBox:
+    return make_pointwise(ops.mod, name="remainder")(a, b)
+
+
+@register_lowering(aten.fmod)
+def fmod(a: Any, b: Any) -> TensorBox:
+    return make_pointwise(ops.fmod, name="fmod")(a, b)
+
+
+@register_lowering(aten.pow)
+def pow_(a: Any, b: Any) -> TensorBox:
+    if is_tensor(a) and not is_tensor(b):
+        if b == 1:
+            return to_dtype(a, _result_dtype(a, b))
+        if b == 2:
+            return make_pointwise(lambda x: ops.mul(x, x), name="pow")(a)
+        if b == 0.5 and a.get_dtype().is_floating_point:
+            return make_pointwise(ops.sqrt, name="pow")(a)
+    return make_pointwise(ops.pow, name="pow")(a, b)
+
+
+def _result_dtype(a: Any, b: Any) -> torch.dtype:
+    from minductor.lowering.registry import promote
+
+    return promote([a, b], Promotion.DEFAULT)[1]
+
+
+for _aten_op, _name in [
+    (aten.maximum, "maximum"), (aten.minimum, "minimum"), (aten.copysign, "copysign"),
+    (aten.nextafter, "nextafter"),
+]:
+    register_lowering(_aten_op)(make_pointwise(_op(_name), name=_name))
+for _aten_op, _name in [(aten.atan2, "atan2"), (aten.hypot, "hypot")]:
+    register_lowering(_aten_op)(make_pointwise(_op(_name), Promotion.INT_TO_FLOAT, name=_name))
+for _aten_op, _name in [
+    (aten.bitwise_left_shift, "left_shift"), (aten.bitwise_right_shift, "right_shift"),
+    (aten.__lshift__, "left_shift"), (aten.__rshift__, "right_shift"),
+]:
+    register_lowering(_aten_op)(make_pointwise(_op(_name), name=_name))
+
+
+@register_lowering(aten.round)
+def round_(x: TensorBox, decimals: int = 0) -> TensorBox:
+    if not x.get_dtype().is_floating_point:
+        return x
+    if decimals == 0:
+        return make_pointwise(ops.round, name="round")(x)
+    scale = 10.0 ** decimals
+    return make_pointwise(lambda v, s: ops.truediv(ops.round(ops.mul(v, s)), s), name="round")(x, scale)
+
+
+@register_lowering(aten.where)
+def where(cond: Any, a: Any, b: Any) -> TensorBox:
+    if not is_tensor(cond):
+        raise Unsupported("where with a scalar condition")
+    cond = _as_bool(cond)
+    _, result = promote([a, b], Promotion.DEFAULT)
+    compute = torch.float32 if result in (torch.float16, torch.bfloat16) else result
+    values = [_cast_loader_for(v, compute) for v in (a, b)]
+    size = broadcast_shapes(*[t.get_size() for t in (cond, a, b) if is_tensor(t)])
+    cond_load = expand_to(cond, size).make_loader()
+    a_load, b_load = (v if not is_tensor(t) else expand_to(t, size).make_loader() for v, t in zip(values, (a, b)))
+    a_load = _cast_loader(a_load, a.get_dtype(), compute) if is_tensor(a) else a_load
+    b_load = _cast_loader(b_load, b.get_dtype(), compute) if is_tensor(b) else b_load
+
+    def inner_fn(index: Sequence[Expr]) -> Any:
+        value = ops.where(cond_load(index), a_load(index), b_load(index))
+        return ops.to_dtype(value, result) if compute != result else value
+
+    return TensorBox.create(Pointwise(cond.get_device(), result, inner_fn, size, origins=origins_of(cond, a, b) | {"where"}))
+
+
+def _cast_loader_for(v: Any, dtype: torch.dtype) -> Any:
+    return None if is_tensor(v) else scalar_loader(v, dtype)
+
+
+@register_lowering(aten.clamp)
+def clamp(x: TensorBox, min: Any = None, max: Any = None) -> TensorBox:  # noqa: A002
+    out = x
+    if min is not None:
+        out = make_pointwise(ops.maximum, name="clamp")(out, min)
+    if max is not None:
+        out = make_pointwise(ops.minimum, name="clamp")(out, max)
+    if min is None and max is None:
+        raise Unsupported("clamp without bounds")
+    return out
+
+
+@register_lowering(aten.clamp_min)
+def clamp_min(x: TensorBox, min: Any) -> TensorBox:  # noqa: A002
+    return clamp(x, min, None)
+
+
+@register_lowering(aten.clamp_max)
+def clamp_max(x: TensorBox, max: Any) -> TensorBox:  # noqa: A002
+    return clamp(x, None, max)
+
+
+@register_lowering(aten.hardtanh)
+def hardtanh(x: TensorBox, min_val: float = -1.0, max_val: float = 1.0) -> TensorBox:
+    return clamp(x, min_val, max_val)
+
+
+@register_lowering(aten.gelu)
+def gelu(x: TensorBox, approximate: str = "none") -> TensorBox:
+    def exact(v: Any) -> Any:
+        half = ops.constant(0.5, torch.float32)
+        inner = ops.erf(ops.mul(v, ops.constant(math.sqrt(0.5), torch.float32)))
+        return ops.mul(ops.mul(v, half), ops.add(inner, ops.constant(1.0, torch.float32)))
+
+    def tanh_approx(v: Any) -> Any:
+        c = ops.constant(math.sqrt(2.0 / math.pi), torch.float32)
+        cube = ops.mul(ops.mul(v, v), v)
+        inner = ops.mul(c, ops.add(v, ops.mul(ops.constant(0.044715, torch.float32), cube)))
+        return ops.mul(ops.mul(ops.constant(0.5, torch.float32), v), ops.add(ops.constant(1.0, torch.float32), ops.tanh(inner)))
+
+    if x.get_dtype() == torch.float64:
+        raise Unsupported("gelu body is written in float32 constants")
+    return make_pointwise(exact if approximate == "none" else tanh_approx, name="gelu")(x)
+
+
+@register_lowering(aten.leaky_relu)
+def leaky_relu(x: TensorBox, negative_slope: float = 0.01) -> TensorBox:
+    return make_pointwise(
+        lambda v, s: ops.where(ops.gt(v, ops.constant(0, x.get_dtype())), v, ops.mul(v, s)), name="leaky_relu"
+    )(x, negative_slope)
+
+
+@register_lowering(aten.elu)
+def elu(x: TensorBox, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> TensorBox:
+    def body(v: Any, a: Any, s: Any, i: Any) -> Any:
+        neg = ops.mul(ops.mul(ops.expm1(ops.mul(v, i)), a), s)
+        return ops.where(ops.gt(v, ops.constant(0, x.get_dtype())), ops.mul(v, s), neg)
+
+    return make_pointwise(body, Promotion.INT_TO_FLOAT, name="elu")(x, alpha, scale, input_scale)
+
+
+@register_lowering(aten._to_copy, prims.convert_element_type)
+def to_copy(x: TensorBox, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
+    device = kwargs.get("device")
+    if device is not None and torch.device(device) != x.get_device():
+        raise Unsupported("device transfer")
+    if kwargs.get("layout") not in (None, torch.strided):
+        raise Unsupported("non-strided layout")
+    if dtype is None or dtype == x.get_dtype():
+        return clone(x)
+    return to_dtype(x, dtype)
+
+
+@register_lowering(aten.clone)
+def clone(x: TensorBox, memory_format: Any = None) -> TensorBox:
+    loader = x.make_loader()
+    return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), loader, list(x.get_size()), origins=x.origins | {"clone"}))
+
+
+@register_lowering(aten.nan_to_num)
+def nan_to_num(x: TensorBox, nan: float | None = None, posinf: float | None = None, neginf: float | None = None) -> TensorBox:
+    dt = x.get_dtype()
+    if not dt.is_floating_point:
+        return clone(x)
+    info = torch.finfo(dt)
+    nan_v = 0.0 if nan is None else nan
+    pos_v = info.max if posinf is None else posinf
+    neg_v = info.min if neginf is None else neginf
+
+    def body(v: Any) -> Any:
+        c = lambda val: ops.constant(val, torch.float32 if dt in (torch.float16, torch.bfloat16) else dt)  # noqa: E731
+        v = ops.where(ops.isnan(v), c(nan_v), v)
+        v = ops.where(ops.eq(v, c(math.inf)), c(pos_v), v)
+        return ops.where(ops.eq(v, c(-math.inf)), c(neg_v), v)
+
+    return make_pointwise(body, name="nan_to_num")(x)

@@ -1,0 +1,216 @@
+"""Reduction lowerings: sum, prod, mean, amax/amin, argmax/argmin, any/all, var/var_mean."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import sympy
+import torch
+
+from minductor.ir.nodes import Pointwise, Reduction, TensorBox
+from minductor.ir.ops import ops
+from minductor.lowering.registry import Unsupported, aten, register_lowering, to_dtype
+from minductor.lowering.pointwise import div, mul, sub
+from minductor.lowering.views import view
+
+Expr = sympy.Expr
+
+
+def _dims(dims: Any, ndim: int) -> list[int]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    out = sorted({d + ndim if d < 0 else d for d in dims} if ndim else set())
+    return out
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def make_reduction(
+    x: TensorBox, dims: Any, keepdim: bool, reduction_type: str, dtype: torch.dtype, output_index: int | None = None
+) -> TensorBox:
+    """Reduce ``x`` over ``dims``; the result is realized (reductions are never inlined)."""
+    size = x.get_size()
+    ndim = len(size)
+    reduced = _dims(dims, ndim)
+    kept = [i for i in range(ndim) if i not in reduced]
+    ranges = [sympy.Integer(1) if i in reduced else size[i] for i in range(ndim)] if keepdim else [size[i] for i in kept]
+    reduction_ranges = [size[i] for i in reduced]
+    if any(s == 0 for s in reduction_ranges):
+        return _empty_reduction(x, ranges, reduction_type, dtype)
+    src_dtype = x.get_dtype()
+    acc_dtype = compute_dtype(dtype) if reduction_type not in ("argmax", "argmin") else compute_dtype(src_dtype)
+    loader = x.make_loader()
+
+    def inner_fn(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+        full: list[Expr] = [sympy.Integer(0)] * ndim
+        outer = [index[i] for i in kept] if keepdim else list(index)
+        for i, v in zip(kept, outer):
+            full[i] = v
+        for i, r in zip(reduced, rindex):
+            full[i] = r
+        value = loader(full)
+        if reduction_type in ("sum", "prod", "welford_reduce") and compute_dtype(src_dtype) != acc_dtype:
+            value = ops.to_dtype(value, acc_dtype)
+        if reduction_type == "any" and src_dtype != torch.bool:
+            value = ops.ne(value, ops.constant(0, compute_dtype(src_dtype)))
+        return value
+
+    node = Reduction(
+        x.get_device(), dtype, inner_fn, ranges, origins=x.origins | {reduction_type},
+        src_dtype=src_dtype, reduction_ranges=reduction_ranges, reduction_type=reduction_type,
+        output_index=output_index,
+    )
+    out = TensorBox.create(node)
+    out.realize()
+    return out
+
+
+def _empty_reduction(x: TensorBox, ranges: list[Expr], reduction_type: str, dtype: torch.dtype) -> TensorBox:
+    identity = {"sum": 0, "prod": 1, "any": False}
+    if reduction_type not in identity:
+        raise Unsupported(f"{reduction_type} of an empty dimension (eager raises)")
+    value = identity[reduction_type]
+    return TensorBox.create(Pointwise(x.get_device(), dtype, lambda index: ops.constant(value, dtype), ranges))
+
+
+def _sum_dtype(x: TensorBox, dtype: torch.dtype | None) -> torch.dtype:
+    if dtype is not None:
+        return dtype
+    src = x.get_dtype()
+    return torch.int64 if (src == torch.bool or not src.is_floating_point) else src
+
+
+@register_lowering(aten.sum)
+def sum_(x: TensorBox, dims: Any = None, keepdim: bool = False, dtype: torch.dtype | None = None) -> TensorBox:
+    if isinstance(dims, torch.dtype):  # sum.default(x, dtype)
+        dims, dtype = None, dims
+    out_dtype = _sum_dtype(x, dtype)
+    if dtype is not None:
+        x = to_dtype(x, dtype)
+    return make_reduction(x, dims, keepdim, "sum", out_dtype)
+
+
+@register_lowering(aten.prod)
+def prod(x: TensorBox, dim: Any = None, keepdim: bool = False, dtype: torch.dtype | None = None) -> TensorBox:
+    if isinstance(dim, torch.dtype):
+        dim, dtype = None, dim
+    out_dtype = _sum_dtype(x, dtype)
+    if dtype is not None:
+        x = to_dtype(x, dtype)
+    return make_reduction(x, dim, keepdim, "prod", out_dtype)
+
+
+@register_lowering(aten.mean)
+def mean(x: TensorBox, dims: Any = None, keepdim: bool = False, dtype: torch.dtype | None = None) -> TensorBox:
+    if isinstance(dims, torch.dtype):
+        dims, dtype = None, dims
+    out_dtype = dtype or x.get_dtype()
+    if not out_dtype.is_floating_point:
+        raise Unsupported("mean of an integer tensor (eager raises)")
+    total = make_reduction(to_dtype(x, out_dtype), dims, keepdim, "sum", out_dtype)
+    size = x.get_size()
+    count = sympy.Mul(*[size[d] for d in _dims(dims, len(size))]) if size else sympy.Integer(1)
+    return div(total, float(count))
+
+
+@register_lowering(aten.amax)
+def amax(x: TensorBox, dims: Any = None, keepdim: bool = False) -> TensorBox:
+    return make_reduction(x, dims, keepdim, "max", x.get_dtype())
+
+
+@register_lowering(aten.amin)
+def amin(x: TensorBox, dims: Any = None, keepdim: bool = False) -> TensorBox:
+    return make_reduction(x, dims, keepdim, "min", x.get_dtype())
+
+
+def _arg(x: TensorBox, dim: int | None, keepdim: bool, kind: str) -> TensorBox:
+    if dim is None:
+        flat = view(x, [-1]) if len(x.get_size()) != 1 else x
+        out = make_reduction(flat, [0], False, kind, torch.int64)
+        if keepdim:
+            return view(out, [1] * len(x.get_size()))
+        return out
+    if len(x.get_size()) == 0:
+        return make_reduction(view(x, [1]), [0], False, kind, torch.int64)
+    return make_reduction(x, [dim], keepdim, kind, torch.int64)
+
+
+@register_lowering(aten.argmax)
+def argmax(x: TensorBox, dim: int | None = None, keepdim: bool = False) -> TensorBox:
+    return _arg(x, dim, keepdim, "argmax")
+
+
+@register_lowering(aten.argmin)
+def argmin(x: TensorBox, dim: int | None = None, keepdim: bool = False) -> TensorBox:
+    return _arg(x, dim, keepdim, "argmin")
+
+
+@register_lowering(aten.max.dim)
+def max_dim(x: TensorBox, dim: int, keepdim: bool = False) -> tuple[TensorBox, TensorBox]:
+    if len(x.get_size()) == 0:
+        return x, _arg(x, dim, keepdim, "argmax")
+    return amax(x, [dim], keepdim), argmax(x, dim, keepdim)
+
+
+@register_lowering(aten.min.dim)
+def min_dim(x: TensorBox, dim: int, keepdim: bool = False) -> tuple[TensorBox, TensorBox]:
+    if len(x.get_size()) == 0:
+        return x, _arg(x, dim, keepdim, "argmin")
+    return amin(x, [dim], keepdim), argmin(x, dim, keepdim)
+
+
+@register_lowering(aten.max.default)
+def max_all(x: TensorBox) -> TensorBox:
+    return amax(x, None, False)
+
+
+@register_lowering(aten.min.default)
+def min_all(x: TensorBox) -> TensorBox:
+    return amin(x, None, False)
+
+
+@register_lowering(aten.any)
+def any_(x: TensorBox, dims: Any = None, keepdim: bool = False) -> TensorBox:
+    return make_reduction(x, dims, keepdim, "any", torch.bool)
+
+
+@register_lowering(aten.all)
+def all_(x: TensorBox, dims: Any = None, keepdim: bool = False) -> TensorBox:
+    from minductor.lowering.pointwise import logical_not
+
+    return logical_not(any_(logical_not(x), dims, keepdim))
+
+
+def _welford(x: TensorBox, dims: Any, keepdim: bool) -> tuple[TensorBox, TensorBox, Expr]:
+    dtype = x.get_dtype()
+    if not dtype.is_floating_point:
+        raise Unsupported("var of an integer tensor")
+    mean_ = make_reduction(x, dims, keepdim, "welford_reduce", dtype, output_index=0)
+    m2 = make_reduction(x, dims, keepdim, "welford_reduce", dtype, output_index=1)
+    size = x.get_size()
+    count = sympy.Mul(*[size[d] for d in _dims(dims, len(size))]) if size else sympy.Integer(1)
+    return mean_, m2, count
+
+
+def _correction(correction: Any, unbiased: Any = None) -> float:
+    if correction is None:
+        return 1.0 if unbiased is None or unbiased else 0.0
+    return float(correction)
+
+
+@register_lowering(aten.var.correction)
+def var(x: TensorBox, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> TensorBox:
+    _, m2, count = _welford(x, dims, keepdim)
+    return div(m2, max(float(count) - _correction(correction), 0.0))
+
+
+@register_lowering(aten.var_mean.correction)
+def var_mean(x: TensorBox, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> tuple[TensorBox, TensorBox]:
+    mean_, m2, count = _welford(x, dims, keepdim)
+    return div(m2, max(float(count) - _correction(correction), 0.0)), mean_
+
+
+__all__ = ["make_reduction", "mul", "sub"]

@@ -1,0 +1,192 @@
+"""The lowering registry and the helpers every lowering family shares.
+
+``@register_lowering(aten.op)`` maps aten overloads to ``TensorBox... -> TensorBox``
+functions. Type promotion and broadcasting happen here; ``ops.*`` never promotes.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import sympy
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from minductor.ir.nodes import IRNode, Pointwise, TensorBox
+from minductor.ir.ops import ops
+from minductor.ir.views import make_view
+
+aten = torch.ops.aten
+Expr = sympy.Expr
+Promotion = ELEMENTWISE_TYPE_PROMOTION_KIND
+
+lowerings: dict[Any, Callable[..., Any]] = {}
+
+# dtypes the C++ kernels compute; anything else (complex, float8, uint16...) falls back.
+SUPPORTED_DTYPES = frozenset(
+    {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+     torch.int16, torch.int8, torch.uint8, torch.bool}
+)
+
+
+class Unsupported(Exception):
+    """Raised by a lowering for an input it does not handle; the op then falls back to aten."""
+
+
+def register_lowering(*aten_ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``fn`` for each op; a packet registers all its functional overloads."""
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for op in aten_ops:
+            if isinstance(op, torch._ops.OpOverloadPacket):
+                for name in op.overloads():
+                    overload = getattr(op, name)
+                    if not overload._schema.is_mutable and "out" not in name:
+                        lowerings[overload] = fn
+            else:
+                lowerings[op] = fn
+        return fn
+
+    return decorator
+
+
+# ---------------------------------------------------------------------------------------
+# dtypes and broadcasting
+
+
+def is_tensor(x: Any) -> bool:
+    return isinstance(x, IRNode)
+
+
+def _promotion_proxy(x: Any) -> Any:
+    if is_tensor(x):
+        shape = () if len(x.get_size()) == 0 else (1,)
+        return torch.empty(shape, dtype=x.get_dtype())
+    return x
+
+
+def promote(args: Sequence[Any], kind: Promotion) -> tuple[torch.dtype, torch.dtype]:
+    """(computation dtype, result dtype) of an elementwise op, by PyTorch's rules."""
+    proxies = [_promotion_proxy(a) for a in args if a is not None]
+    compute, result = elementwise_dtypes(*proxies, type_promotion_kind=kind)
+    return compute, result
+
+
+def broadcast_shapes(*shapes: Sequence[Expr]) -> list[Expr]:
+    ndim = max((len(s) for s in shapes), default=0)
+    out: list[Expr] = [sympy.Integer(1)] * ndim
+    for shape in shapes:
+        for i, s in enumerate(shape, start=ndim - len(shape)):
+            if s == 1:
+                continue
+            if out[i] != 1 and out[i] != s:
+                raise ValueError(f"shapes {[list(s) for s in shapes]} cannot be broadcast together")
+            out[i] = sympy.sympify(s)
+    return out
+
+
+def expand_to(x: TensorBox, size: Sequence[Expr]) -> TensorBox:
+    """Broadcast ``x`` to ``size`` as a lazy view (size-1 dims read index 0)."""
+    size = [sympy.sympify(s) for s in size]
+    old = x.get_size()
+    if list(old) == list(size):
+        return x
+    skip = len(size) - len(old)
+
+    def reindex(index: Sequence[Expr]) -> list[Expr]:
+        return [sympy.Integer(0) if o == 1 else i for i, o in zip(index[skip:], old)]
+
+    return make_view(x, size, reindex)
+
+
+def to_dtype(x: TensorBox, dtype: torch.dtype) -> TensorBox:
+    if x.get_dtype() == dtype:
+        return x
+    loader = x.make_loader()
+
+    def inner_fn(index: Sequence[Expr]) -> Any:
+        return ops.to_dtype(loader(index), dtype)
+
+    return TensorBox.create(Pointwise(x.get_device(), dtype, inner_fn, list(x.get_size()), origins=x.origins))
+
+
+def origins_of(*args: Any) -> frozenset[str]:
+    out: frozenset[str] = frozenset()
+    for a in args:
+        if is_tensor(a):
+            out = out | a.origins
+    return out
+
+
+def device_of(args: Sequence[Any]) -> torch.device:
+    for a in args:
+        if is_tensor(a):
+            return a.get_device()
+    return torch.device("cpu")
+
+
+def scalar_loader(value: Any, dtype: torch.dtype) -> Callable[[Sequence[Expr]], Any]:
+    if dtype == torch.bool:
+        value = bool(value)
+    elif not dtype.is_floating_point:
+        value = int(value)
+    else:
+        value = float(value)
+    return lambda index: ops.constant(value, dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# pointwise construction
+
+
+def make_pointwise(
+    fn: Callable[..., Any],
+    kind: Promotion = Promotion.DEFAULT,
+    *,
+    result_dtype: torch.dtype | None = None,
+    compute_dtype: torch.dtype | None = None,
+    name: str = "",
+) -> Callable[..., TensorBox]:
+    """Build a lowering from ``fn(*values) -> value`` over ops: promotes, broadcasts,
+    casts operands to the computation dtype and the result to the result dtype."""
+
+    def lowering(*args: Any) -> TensorBox:
+        tensors = [a for a in args if is_tensor(a)]
+        if not tensors:
+            raise Unsupported("pointwise op on scalars only")
+        compute, result = promote(args, kind)
+        compute = compute_dtype or compute
+        result = result_dtype or result
+        if compute in (torch.float16, torch.bfloat16):
+            compute = torch.float32  # compute in fp32, round at the store
+        size = broadcast_shapes(*[t.get_size() for t in tensors])
+        loaders = []
+        for a in args:
+            if is_tensor(a):
+                loaders.append(_cast_loader(expand_to(a, size).make_loader(), a.get_dtype(), compute))
+            else:
+                loaders.append(scalar_loader(a, compute))
+
+        def inner_fn(index: Sequence[Expr]) -> Any:
+            value = fn(*[load(index) for load in loaders])
+            return ops.to_dtype(value, result) if _needs_cast(compute, result, fn) else value
+
+        origin = frozenset({name}) if name else frozenset()
+        return TensorBox.create(Pointwise(device_of(args), result, inner_fn, size, origins=origins_of(*args) | origin))
+
+    return lowering
+
+
+def _needs_cast(compute: torch.dtype, result: torch.dtype, fn: Callable[..., Any]) -> bool:
+    return compute != result and result != torch.bool
+
+
+def _cast_loader(loader: Callable[[Sequence[Expr]], Any], src: torch.dtype, dst: torch.dtype) -> Callable[[Sequence[Expr]], Any]:
+    if src == dst or (src in (torch.float16, torch.bfloat16) and dst == torch.float32):
+        return loader  # loads of fp16/bf16 already produce float32
+    return lambda index: ops.to_dtype(loader(index), dst)
+
+
+@functools.lru_cache(maxsize=None)
+def reduced_precision(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float16, torch.bfloat16)

@@ -1,0 +1,231 @@
+"""View lowerings: reshape, permute, expand, squeeze, select, slice, as_strided...
+
+All are lazy index remaps (``make_view``); on realized storage they fold to zero-copy
+``ReinterpretView``s. Reshape of non-contiguous data uses FloorDiv/ModularIndexing.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import sympy
+import torch
+
+from minductor.ir.indexing import FloorDiv, ModularIndexing
+from minductor.ir.layout import FixedLayout, as_exprs
+from minductor.ir.nodes import TensorBox
+from minductor.ir.views import ReinterpretView, make_view, realize_input
+from minductor.lowering.registry import Unsupported, aten, expand_to, register_lowering
+
+Expr = sympy.Expr
+
+
+def _dim(d: int, ndim: int) -> int:
+    return d + ndim if d < 0 else d
+
+
+def infer_size(size: Sequence[Any], numel: Expr) -> list[Expr]:
+    size = list(size)
+    if -1 in size:
+        i = size.index(-1)
+        known = sympy.Mul(*[s for j, s in enumerate(size) if j != i]) if len(size) > 1 else sympy.Integer(1)
+        size[i] = numel / known if known != 0 else sympy.Integer(0)
+    return as_exprs(size)
+
+
+@register_lowering(aten.view, aten._unsafe_view, aten.reshape)
+def view(x: TensorBox, size: Sequence[Any]) -> TensorBox:
+    if isinstance(size, torch.dtype):
+        raise Unsupported("view as another dtype")
+    old = x.get_size()
+    new = infer_size(size, x.get_numel())
+    if list(old) == list(new):
+        return x
+    return make_view(x, new, _reshape_indexer(old, new))
+
+
+def _reshape_indexer(old: Sequence[Expr], new: Sequence[Expr]) -> Any:
+    """Map new-shape indices to old-shape ones through the flat (row-major) index."""
+    old = [s for s in old]
+    new = [s for s in new]
+
+    def reindex(index: Sequence[Expr]) -> list[Expr]:
+        flat = sympy.Integer(0)
+        stride = sympy.Integer(1)
+        for i, s in reversed(list(zip(index, new))):
+            flat = flat + i * stride
+            stride = stride * s
+        out = []
+        stride = sympy.Integer(1)
+        for s in reversed(old):
+            out.append(ModularIndexing(flat, stride, s) if s != 1 else sympy.Integer(0))
+            stride = stride * s
+        out.reverse()
+        # the leading dim needs no modulo
+        if old and old[0] != 1:
+            lead_stride = stride / old[0]
+            out[0] = FloorDiv(flat, lead_stride)
+        return out
+
+    return reindex
+
+
+@register_lowering(aten.permute)
+def permute(x: TensorBox, dims: Sequence[int]) -> TensorBox:
+    ndim = len(x.get_size())
+    dims = [_dim(d, ndim) for d in dims]
+    if dims == list(range(ndim)):
+        return x
+    old = x.get_size()
+    new = [old[d] for d in dims]
+    inverse = [dims.index(i) for i in range(ndim)]
+    return make_view(x, new, lambda index: [index[inverse[i]] for i in range(ndim)])
+
+
+@register_lowering(aten.t, aten.numpy_T)
+def t(x: TensorBox) -> TensorBox:
+    ndim = len(x.get_size())
+    return x if ndim < 2 else permute(x, [1, 0])
+
+
+@register_lowering(aten.transpose)
+def transpose(x: TensorBox, a: int, b: int) -> TensorBox:
+    ndim = len(x.get_size())
+    dims = list(range(ndim))
+    if ndim == 0:
+        return x
+    a, b = _dim(a, ndim), _dim(b, ndim)
+    dims[a], dims[b] = dims[b], dims[a]
+    return permute(x, dims)
+
+
+@register_lowering(aten.expand)
+def expand(x: TensorBox, size: Sequence[Any], implicit: bool = False) -> TensorBox:
+    old = x.get_size()
+    skip = len(size) - len(old)
+    new = [old[i - skip] if s == -1 else sympy.sympify(s) for i, s in enumerate(size)]
+    return expand_to(x, new)
+
+
+@register_lowering(aten.unsqueeze)
+def unsqueeze(x: TensorBox, dim: int) -> TensorBox:
+    old = x.get_size()
+    dim = _dim(dim, len(old) + 1)
+    new = list(old[:dim]) + [sympy.Integer(1)] + list(old[dim:])
+    return make_view(x, new, lambda index: list(index[:dim]) + list(index[dim + 1:]))
+
+
+@register_lowering(aten.squeeze)
+def squeeze(x: TensorBox, dim: Any = None) -> TensorBox:
+    old = x.get_size()
+    if dim is None:
+        dims = {i for i, s in enumerate(old) if s == 1}
+    else:
+        dims = {_dim(d, len(old)) for d in (dim if isinstance(dim, (list, tuple)) else [dim])}
+        dims = {d for d in dims if len(old) and old[d] == 1}
+    if not dims:
+        return x
+    new = [s for i, s in enumerate(old) if i not in dims]
+
+    def reindex(index: Sequence[Expr]) -> list[Expr]:
+        it = iter(index)
+        return [sympy.Integer(0) if i in dims else next(it) for i in range(len(old))]
+
+    return make_view(x, new, reindex)
+
+
+@register_lowering(aten.select)
+def select(x: TensorBox, dim: int, index: int) -> TensorBox:
+    old = x.get_size()
+    dim = _dim(dim, len(old))
+    size = int(old[dim])
+    if not -size <= index < size:
+        raise IndexError(f"select(): index {index} out of range for dim {dim} of size {size} (shape {list(old)})")
+    index = index + size if index < 0 else index
+    new = list(old[:dim]) + list(old[dim + 1:])
+    return make_view(x, new, lambda idx: list(idx[:dim]) + [sympy.Integer(index)] + list(idx[dim:]))
+
+
+@register_lowering(aten.slice)
+def slice_(x: TensorBox, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> TensorBox:
+    old = x.get_size()
+    dim = _dim(dim, len(old))
+    size = int(old[dim])
+    start, end, _ = slice(start, end, step).indices(size) if step > 0 else (0, 0, 1)
+    if step <= 0:
+        raise Unsupported("slice step must be positive")
+    length = max(0, (end - start + step - 1) // step)
+    if start == 0 and length == size and step == 1:
+        return x
+    new = list(old)
+    new[dim] = sympy.Integer(length)
+    return make_view(x, new, lambda idx: list(idx[:dim]) + [idx[dim] * step + start] + list(idx[dim + 1:]))
+
+
+@register_lowering(aten.split_with_sizes)
+def split_with_sizes(x: TensorBox, sizes: Sequence[int], dim: int = 0) -> list[TensorBox]:
+    out, start = [], 0
+    for s in sizes:
+        out.append(slice_(x, dim, start, start + s))
+        start += s
+    return out
+
+
+@register_lowering(aten.split)
+def split(x: TensorBox, split_size: Any, dim: int = 0) -> list[TensorBox]:
+    dim = _dim(dim, len(x.get_size()))
+    total = int(x.get_size()[dim])
+    if isinstance(split_size, (list, tuple)):
+        return split_with_sizes(x, split_size, dim)
+    sizes = [min(split_size, total - i) for i in range(0, total, split_size)] or [0]
+    return split_with_sizes(x, sizes, dim)
+
+
+@register_lowering(aten.unbind)
+def unbind(x: TensorBox, dim: int = 0) -> list[TensorBox]:
+    dim = _dim(dim, len(x.get_size()))
+    return [select(x, dim, i) for i in range(int(x.get_size()[dim]))]
+
+
+@register_lowering(aten.alias, aten.lift_fresh, aten.detach)
+def alias(x: TensorBox) -> TensorBox:
+    return x
+
+
+@register_lowering(aten.as_strided)
+def as_strided(x: TensorBox, size: Sequence[Any], stride: Sequence[Any], storage_offset: Any = None) -> TensorBox:
+    base = realize_input(x)
+    if isinstance(base, ReinterpretView):
+        # as_strided addresses the underlying storage, from its start
+        buf, offset = base.data, base.layout.offset
+    else:
+        buf, offset = base, buf_offset(base)
+    if storage_offset is not None:
+        offset = sympy.sympify(storage_offset)
+    layout = FixedLayout(buf.get_device(), buf.get_dtype(), tuple(as_exprs(size)), tuple(as_exprs(stride)), offset)
+    return TensorBox(ReinterpretView(buf, layout))
+
+
+def buf_offset(buf: Any) -> Expr:
+    return buf.layout.offset
+
+
+@register_lowering(aten.diagonal)
+def diagonal(x: TensorBox, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TensorBox:
+    old = x.get_size()
+    ndim = len(old)
+    d1, d2 = _dim(dim1, ndim), _dim(dim2, ndim)
+    rows, cols = int(old[d1]), int(old[d2])
+    length = max(0, min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols))
+    rest = [i for i in range(ndim) if i not in (d1, d2)]
+    new = [old[i] for i in rest] + [sympy.Integer(length)]
+
+    def reindex(idx: Sequence[Expr]) -> list[Expr]:
+        out: list[Expr] = [sympy.Integer(0)] * ndim
+        for pos, i in enumerate(rest):
+            out[i] = idx[pos]
+        k = idx[-1]
+        out[d1] = k + (-offset if offset < 0 else 0)
+        out[d2] = k + (offset if offset > 0 else 0)
+        return out
+
+    return make_view(x, new, reindex)

@@ -1,0 +1,168 @@
+"""The scheduler: dependencies, dead-node elimination, fusion, order and last use.
+
+Each pass is a named method; ``Scheduler.__init__`` runs the ones that must always run
+and ``fuse_nodes`` runs fusion, so the pipeline can dump the IR before and after it.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Iterable
+
+import networkx as nx
+import sympy
+
+from minductor.ir.nodes import ComputedBuffer, ExternKernel, MultiOutput
+from minductor.scheduler.deps import MemoryDep, StarDep
+from minductor.scheduler.fusion import can_fuse, fused_outer, score_fusion
+from minductor.scheduler.nodes import BaseSchedulerNode, ExternSchedulerNode, FusedGroup, SchedulerNode, group_outer
+
+FUSION_ROUNDS = 10
+
+Unit = FusedGroup | ExternSchedulerNode
+
+
+class Scheduler:
+    def __init__(self, graph) -> None:  # noqa: ANN001 - GraphLowering
+        self.graph = graph
+        self.nodes: list[BaseSchedulerNode] = self.create_nodes()
+        self.eliminate_dead_nodes()
+        self.units: list[Unit] = [
+            FusedGroup([n], group_outer(n)) if isinstance(n, SchedulerNode) else n for n in self.nodes
+        ]
+        self.topological_sort()
+        self.last_use: dict[str, int] = {}
+        self.compute_last_usage()
+
+    # -- passes --------------------------------------------------------------------------
+
+    def create_nodes(self) -> list[BaseSchedulerNode]:
+        out: list[BaseSchedulerNode] = []
+        for i, buf in enumerate(self.graph.buffers):
+            if isinstance(buf, ComputedBuffer):
+                out.append(SchedulerNode(buf, i))
+            elif isinstance(buf, (ExternKernel, MultiOutput)):
+                out.append(ExternSchedulerNode(buf, i))
+            else:
+                raise TypeError(f"cannot schedule {buf}")
+        return out
+
+    def output_names(self) -> set[str]:
+        from minductor.ir.nodes import storage_name
+
+        return {storage_name(o) for o in self.graph.graph_outputs if o is not None and not isinstance(o, (int, float, bool))}
+
+    def eliminate_dead_nodes(self) -> None:
+        """Drop kernels whose results nobody reads (fallbacks stay: they may have effects)."""
+        live = self.output_names()
+        kept: list[BaseSchedulerNode] = []
+        for node in reversed(self.nodes):
+            side_effects = isinstance(node, ExternSchedulerNode) and node.has_side_effects()
+            if node.get_name() in live or side_effects:
+                kept.append(node)
+                live |= node.read_names()
+            elif isinstance(node, ExternSchedulerNode) and isinstance(node.node, MultiOutput):
+                continue
+        self.nodes = list(reversed(kept))
+
+    def dependency_graph(self) -> nx.DiGraph:
+        writer = {}
+        for unit in self.units:
+            for name in unit.write_names():
+                writer[name] = unit
+        g = nx.DiGraph()
+        g.add_nodes_from(range(len(self.units)))
+        index = {id(u): i for i, u in enumerate(self.units)}
+        for i, unit in enumerate(self.units):
+            for name in unit.read_names():
+                if name in writer and writer[name] is not unit:
+                    g.add_edge(index[id(writer[name])], i)
+        return g
+
+    def topological_sort(self) -> None:
+        g = self.dependency_graph()
+        order = list(nx.lexicographical_topological_sort(g, key=lambda i: self.units[i].order))
+        self.units = [self.units[i] for i in order]
+
+    def fuse_nodes(self) -> None:
+        """Greedy fusion by score, repeated until nothing more fuses."""
+        for _ in range(FUSION_ROUNDS):
+            if not self._fuse_round():
+                break
+        self.topological_sort()
+        self.compute_last_usage()
+
+    def _fuse_round(self) -> bool:
+        groups = [u for u in self.units if isinstance(u, FusedGroup)]
+        if len(groups) < 2:
+            return False
+        sizes = self._buffer_bytes()
+        by_buffer: dict[str, list[FusedGroup]] = {}
+        for g in groups:
+            for name in g.read_names() | g.write_names():
+                by_buffer.setdefault(name, []).append(g)
+        pairs = {(id(a), id(b)): (a, b) for users in by_buffer.values() for a, b in itertools.combinations(users, 2)}
+        ranked = sorted(pairs.values(), key=lambda p: score_fusion(p[0], p[1], sizes), reverse=True)
+        fused = False
+        dead: set[int] = set()
+        for a, b in ranked:
+            if id(a) in dead or id(b) in dead:
+                continue
+            merged = self._try_fuse(a, b)
+            if merged is not None:
+                dead |= {id(a), id(b)}
+                fused = True
+        return fused
+
+    def _try_fuse(self, a: FusedGroup, b: FusedGroup) -> FusedGroup | None:
+        g = self.dependency_graph()
+        index = {id(u): i for i, u in enumerate(self.units)}
+        ia, ib = index[id(a)], index[id(b)]
+        if nx.has_path(g, ib, ia):
+            a, b, ia, ib = b, a, ib, ia
+        between = any(nx.has_path(g, s, ib) for s in g.successors(ia) if s != ib)
+        if not can_fuse(a, b, between):
+            return None
+        outer = fused_outer(a, b)
+        assert outer is not None
+        merged = FusedGroup(sorted(a.nodes + b.nodes, key=lambda n: n.order), outer)
+        self.units = [u for u in self.units if u is not a and u is not b] + [merged]
+        self.topological_sort()
+        return merged
+
+    def compute_last_usage(self) -> None:
+        self.last_use = {}
+        for i, unit in enumerate(self.units):
+            for name in unit.read_names():
+                self.last_use[name] = i
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _buffer_bytes(self) -> dict[str, int]:
+        out = {}
+        for buf in itertools.chain(self.graph.buffers, self.graph.graph_inputs.values()):
+            layout = getattr(buf, "layout", None)
+            if layout is None:
+                continue
+            numel = layout.numel()
+            out[buf.name] = int(numel) * layout.dtype.itemsize if numel.is_Integer else 0
+        return out
+
+    def kernel_groups(self) -> Iterable[FusedGroup]:
+        return (u for u in self.units if isinstance(u, FusedGroup))
+
+    def debug_str(self) -> str:
+        lines = []
+        for unit in self.units:
+            if isinstance(unit, FusedGroup):
+                lines.append(f"{unit!r}")
+                for n in unit.nodes:
+                    lines.append(f"  {n.node}")
+                    rw = n.read_writes
+                    lines.append(f"    reads: {sorted(map(str, rw.reads))}")
+                    lines.append(f"    writes: {sorted(map(str, rw.writes))}")
+            else:
+                lines.append(f"{unit!r}: {unit.node}")
+        return "\n".join(lines) + "\n"
+
+
+__all__ = ["Scheduler", "MemoryDep", "StarDep", "sympy"]

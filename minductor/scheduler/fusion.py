@@ -1,0 +1,122 @@
+"""Fusion legality (``can_fuse``) and priority (``score_fusion``), kept apart."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import sympy
+
+from minductor.ir.indexing import affine_coeffs, make_vars, value_range
+from minductor.scheduler.deps import MemoryDep
+from minductor.scheduler.nodes import FusedGroup, SchedulerNode
+
+Expr = sympy.Expr
+
+
+def fused_outer(a: FusedGroup, b: FusedGroup) -> list[Expr] | None:
+    """The shared outer loops of a fusion of ``a`` and ``b``, or None if they have none.
+
+    A group with a reduction fixes its outer loops to the reduction's output ranges; a
+    pointwise-only group may shorten its outer loops to a prefix, moving the rest inside.
+    """
+    oa, ob = list(a.outer), list(b.outer)
+    ra, rb = a.has_reduction(), b.has_reduction()
+    if ra and rb:
+        return oa if oa == ob else None
+    if ra or rb:
+        fixed, other = (oa, ob) if ra else (ob, oa)
+        return fixed if other[: len(fixed)] == fixed else None
+    if oa == ob:
+        return oa
+    short, long_ = (oa, ob) if len(oa) < len(ob) else (ob, oa)
+    return short if long_[: len(short)] == short and short else None
+
+
+def _rename(
+    index: Expr, node: SchedulerNode, n_outer: int, with_reduction: bool = True
+) -> tuple[Expr, list[sympy.Symbol], dict[sympy.Symbol, Expr]]:
+    """Express a dep index in (outer vars o*, this node's inner vars) terms.
+
+    A reduction stores once per outer iteration, so its reduction variables are not inner
+    variables of its write (``with_reduction=False``)."""
+    xs = make_vars("x", len(node.pw_ranges))
+    rs = make_vars("r", len(node.red_ranges))
+    outer = make_vars("o", n_outer)
+    inner_pw = xs[n_outer:]
+    sub = {x: o for x, o in zip(xs, outer)}
+    inner = list(inner_pw) + (list(rs) if with_reduction else [])
+    ranges = dict(zip(inner_pw, node.pw_ranges[n_outer:])) | dict(zip(rs, node.red_ranges))
+    return index.xreplace(sub), inner, ranges
+
+
+def _dense_image(coeffs: dict[sympy.Symbol, Expr], ranges: dict[sympy.Symbol, Expr]) -> bool:
+    """Whether ``sum(c*v)`` over the ranges covers exactly ``0..numel-1`` (a dense block)."""
+    pairs = sorted((c, ranges[v]) for v, c in coeffs.items() if ranges[v] != 1)
+    expected = sympy.Integer(1)
+    for c, size in pairs:
+        if c != expected:
+            return False
+        expected = expected * size
+    return True
+
+
+def read_within_iteration(write: MemoryDep, wnode: SchedulerNode, read: MemoryDep, rnode: SchedulerNode, n_outer: int) -> bool:
+    """Whether, for each outer iteration, ``read`` only touches what ``write`` stored in it."""
+    w, w_inner, w_ranges = _rename(write.index, wnode, n_outer, with_reduction=False)
+    r, r_inner, r_ranges = _rename(read.index, rnode, n_outer)
+    outer = make_vars("o", n_outer)
+    wc = affine_coeffs(w, list(outer) + w_inner)
+    rc = affine_coeffs(r, list(outer) + r_inner)
+    if wc is None or rc is None:
+        return sympy.expand(w - r) == 0 and not w_inner and not r_inner
+    if any(wc[o] != rc[o] for o in outer):
+        return False
+    w_zero = w.xreplace({v: 0 for v in list(outer) + w_inner})
+    r_zero = r.xreplace({v: 0 for v in list(outer) + r_inner})
+    if not w_inner:
+        return all(rc[v] == 0 for v in r_inner) and sympy.expand(w_zero - r_zero) == 0
+    if not _dense_image({v: wc[v] for v in w_inner}, w_ranges):
+        return False
+    span = sympy.Mul(*[w_ranges[v] for v in w_inner])
+    lo, hi = value_range(sympy.Add(*[rc[v] * v for v in r_inner]) + (r_zero - w_zero), r_ranges)
+    if lo is None or hi is None:
+        return False
+    return bool(lo >= 0) and bool(hi < span)
+
+
+def can_fuse(a: FusedGroup, b: FusedGroup, nodes_between: bool) -> bool:
+    """Legality: ``b`` runs after ``a`` in the fused kernel (``a`` never reads ``b``).
+
+    ``nodes_between``: whether some other group depends on ``a`` and feeds ``b`` (a cycle).
+    """
+    if nodes_between:
+        return False
+    outer = fused_outer(a, b)
+    if outer is None:
+        return False
+    n_outer = len(outer)
+    if any(len(n.pw_ranges) < n_outer for n in a.nodes + b.nodes):
+        return False
+    if any(n.is_reduction() and len(n.pw_ranges) != n_outer for n in a.nodes + b.nodes):
+        return False
+    writes = {d.name: (d, n) for n in a.nodes for d in n.read_writes.writes if isinstance(d, MemoryDep)}
+    for rnode in b.nodes:
+        for dep in rnode.read_writes.reads:
+            if dep.name not in writes:
+                continue
+            if not isinstance(dep, MemoryDep):
+                return False
+            wdep, wnode = writes[dep.name]
+            if not read_within_iteration(wdep, wnode, dep, rnode, n_outer):
+                return False
+    return True
+
+
+def score_fusion(a: FusedGroup, b: FusedGroup, buffer_bytes: dict[str, int]) -> tuple[int, int, int]:
+    """Priority: bytes of memory traffic saved, then vertical before horizontal, then proximity."""
+    shared = (a.write_names() & b.read_names()) | (b.write_names() & a.read_names())
+    common_reads = a.read_names() & b.read_names()
+    saved = sum(buffer_bytes.get(n, 0) for n in shared | common_reads)
+    return saved, int(bool(shared)), -abs(a.order - b.order)
+
+
+__all__ = ["can_fuse", "score_fusion", "fused_outer", "Sequence"]
