@@ -18,8 +18,8 @@ aten = torch.ops.aten
 
 # composite ops outside the core table that we want as primitives we fuse
 _EXTRA_DECOMPOSITIONS = [
-    aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.native_batch_norm,
-    aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit_functional,
+    aten._softmax, aten._log_softmax, aten.native_layer_norm,
+    aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit,
     aten.native_group_norm, aten.addcdiv, aten.lerp, aten.sigmoid_backward, aten.tanh_backward,
     aten.silu_backward, aten.gelu_backward, aten.mse_loss_backward, aten.std, aten.logit,
 ]
