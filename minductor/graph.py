@@ -120,7 +120,7 @@ def _dense(t: torch.Tensor) -> bool:
 
 
 def _non_overlapping_dense(t: torch.Tensor) -> bool:
-    return torch._prims_common.is_non_overlapping_and_dense(t)
+    return bool(torch._prims_common.is_non_overlapping_and_dense_or_false(t))
 
 
 def _tag_origin(result: Any, node: torch.fx.Node) -> None:

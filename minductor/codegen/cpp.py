@@ -26,6 +26,9 @@ Expr = sympy.Expr
 
 # below this many element-iterations a kernel runs on one thread
 PARALLEL_THRESHOLD = 32768
+# independent accumulators per reduction (two AVX2 vectors of float)
+LANES = 16
+ARGS_PLACEHOLDER = "MI_KERNEL_ARGS"
 
 
 @dataclasses.dataclass
@@ -109,7 +112,7 @@ class CppKernel:
         self.range_of: dict[sympy.Symbol, Expr] = {}
         self.rlinear: Expr = sympy.Integer(0)
         self.accumulators: list[tuple[str, str, str, str]] = []  # name, type, init, combine
-        self.vectorize_sum_only = True
+        self.helpers: list[tuple[str, str, CodeBuffer]] = []  # per-block functions
 
     # -- handler callbacks ---------------------------------------------------------------
 
@@ -163,11 +166,12 @@ class CppKernel:
             self.cse.cache[key] = acc
             ctype = CPP_COMPUTE_TYPES[src_dtype if rtype in ("argmax", "argmin") else dtype]
             acc_type, init, update, combine = _reduction_code(rtype, ctype, acc, value, self.index_str(self.rlinear))
-            self.prefix.writeline(f"{acc_type} {acc} = {init};")
-            self.body.writeline(f"{acc} = {update};")
+            lane = f"{acc}_lanes[mi_lane]"
+            update = _reduction_code(rtype, ctype, lane, value, self.index_str(self.rlinear))[2]
+            self.prefix.writeline(f"{acc_type} {acc}_lanes[{LANES}];")
+            self.prefix.writeline(f"for (int mi_l = 0; mi_l < {LANES}; mi_l++) {acc}_lanes[mi_l] = {init};")
+            self.body.writeline(f"{lane} = {update};")
             self.accumulators.append((acc, acc_type, init, combine))
-            if rtype != "sum":
-                self.vectorize_sum_only = False
         if rtype == "welford_reduce":
             return (f"{acc}.mean", f"{acc}.m2", f"{acc}.weight")
         if rtype in ("argmax", "argmin"):
@@ -234,14 +238,31 @@ class CppKernel:
             code._indent += 0
             code.writeline("{")
             code._indent += 1
-        for loop in loops:
-            self.emit_loop(code, outer, loop)
+        if len(loops) == 1:
+            self.emit_loop(code, outer, loops[0])
+        else:
+            # each loop block becomes its own function: GCC then vectorizes every block
+            # (inlined together, later blocks lose vectorization to jump threading)
+            params = ", ".join(f"const int64_t {v}" for v in outer.variables)
+            for loop in loops:
+                block = CodeBuffer()
+                self.emit_loop(block, outer, loop)
+                fn = f"{self.name}_loop{len(self.helpers)}"
+                self.helpers.append((fn, params, block))
+                call_vars = ", ".join(str(v) for v in outer.variables)
+                code.writeline(f"{fn}({ARGS_PLACEHOLDER}{', ' + call_vars if call_vars else ''});")
         for _ in range(n):
             code._indent -= 1
             code.writeline("}")
 
-    def emit_loop(self, code: CodeBuffer, outer: MergedDims, loop: Loop, simd: bool = True) -> CodeBuffer:
-        """Emit one inner loop block; returns nothing but fills ``code``."""
+    def emit_loop(self, code: CodeBuffer, outer: MergedDims, loop: Loop, thread_chunk: bool = False) -> None:
+        """Emit one loop block: prefix (accumulators), inner loop nest, suffix (stores).
+
+        Reductions accumulate into ``LANES`` independent lanes over the innermost reduction
+        variable, combined after the loop: every combine (NaN-propagating max, welford,
+        argmax) vectorizes that way and the order is fixed, so results are deterministic.
+        With ``thread_chunk`` the innermost reduction range is split across OpenMP threads.
+        """
         self.body, self.prefix, self.suffix = CodeBuffer(), CodeBuffer(), CodeBuffer()
         self.cse = CSE()
         self.cse.counter = self._tmp_counter()
@@ -256,50 +277,80 @@ class CppKernel:
             self.range_of[v] = s
         self.rlinear = _linear(red_vars, loop.red)
         self.accumulators = []
-        self.vectorize_sum_only = True
+        self.last_red_size = merged_red.sizes[-1] if merged_red.sizes else sympy.Integer(1)
         with V.set_ops(CppOps(self)), V.set_kernel(self):
             for node in loop.nodes:
-                xs = make_vars("x", n_outer) + pw_vars
-                node.run(xs, red_vars)
+                node.run(make_vars("x", n_outer) + pw_vars, red_vars)
         self._tmp_counter_value = self.cse.counter
         code.writeline("{")
         code._indent += 1
         code.splice(self.prefix)
-        inner = list(zip(merged_pw.variables, merged_pw.sizes)) + list(zip(merged_red.variables, merged_red.sizes))
-        for i, (var, size) in enumerate(inner):
-            if i == len(inner) - 1 and simd:
-                code.writeline(self._simd_pragma())
+        if merged_red.variables:
+            self._emit_lane_nest(code, merged_red, thread_chunk)
+        else:
+            self._emit_pointwise_nest(code, merged_pw)
+        if thread_chunk:
+            for acc, _, _, _ in self.accumulators:
+                code.writeline(f"{acc}_partial[mi_tid] = {acc};")
+        else:
+            code.splice(self.suffix)
+        code._indent -= 1
+        code.writeline("}")
+
+    def _emit_pointwise_nest(self, code: CodeBuffer, dims: MergedDims) -> None:
+        for i, (var, size) in enumerate(zip(dims.variables, dims.sizes)):
+            if i == len(dims.variables) - 1:
+                code.writeline("#pragma omp simd")
             code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
             code.writeline("{")
             code._indent += 1
         code.splice(self.body)
-        for _ in inner:
+        for _ in dims.variables:
             code._indent -= 1
             code.writeline("}")
-        code.splice(self.suffix)
-        code._indent -= 1
-        code.writeline("}")
-        return code
 
-    def _simd_pragma(self) -> str:
-        sums = [name for name, _, _, _ in self.accumulators]
-        if not self.accumulators:
-            return "#pragma omp simd"
-        if self.vectorize_sum_only and all(t in ("float", "double", "int64_t", "int32_t") for _, t, _, _ in self.accumulators):
-            return f"#pragma omp simd reduction(+:{', '.join(sums)})"
-        return "// reduction with a non-sum combine: scalar loop"
+    def _emit_lane_nest(self, code: CodeBuffer, dims: MergedDims, thread_chunk: bool) -> None:
+        *outer_dims, last = list(zip(dims.variables, dims.sizes))
+        for var, size in outer_dims:
+            code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
+            code.writeline("{")
+            code._indent += 1
+        var, size = last
+        if thread_chunk:
+            begin, end = "mi_begin", "mi_end"
+        else:
+            begin, end = "0", cpp_index(size)
+        code.writeline(f"const int64_t mi_main = {begin} + (({end} - {begin}) / {LANES}) * {LANES};")
+        code.writeline(f"for (int64_t mi_base = {begin}; mi_base < mi_main; mi_base += {LANES})")
+        code.writeline("{")
+        with code.indent(open_brace=False):
+            code.writeline("#pragma omp simd")
+            code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {LANES}; mi_lane++)")
+            with code.indent():
+                code.writeline(f"const int64_t {var} = mi_base + mi_lane;")
+                code.splice(self.body)
+        code.writeline("}")
+        code.writeline(f"for (int64_t {var} = mi_main; {var} < {end}; {var}++)")
+        with code.indent():
+            code.writeline("const int64_t mi_lane = 0;")
+            code.splice(self.body)
+        for _ in outer_dims:
+            code._indent -= 1
+            code.writeline("}")
+        for acc, acc_type, _, combine in self.accumulators:
+            code.writeline(f"{acc_type} {acc} = {acc}_lanes[0];")
+            code.writeline(f"for (int mi_l = 1; mi_l < {LANES}; mi_l++) {acc} = {combine.format(a=acc, b=f'{acc}_lanes[mi_l]')};")
 
     def _tmp_counter(self) -> int:
         return getattr(self, "_tmp_counter_value", 0)
 
     def emit_parallel_reduction(self, code: CodeBuffer, loop: Loop) -> None:
-        """A full reduction: per-thread accumulators combined in thread order (deterministic)."""
+        """A full reduction: each thread reduces a chunk, partials combine in thread order."""
         block = CodeBuffer()
-        outer = MergedDims([], [], {})
-        self.emit_loop(block, outer, loop, simd=False)
-        # block: "{", prefix, for-nest, suffix, "}" -- rebuild it around a parallel region
+        block._indent = 2
+        self.emit_loop(block, MergedDims([], [], {}), loop, thread_chunk=True)
+        numel = cpp_index(self.last_red_size)
         accs = self.accumulators
-        prefix, body_and_loops, suffix = self.prefix, block, self.suffix
         code.writeline("{")
         with code.indent(open_brace=False):
             code.writeline("const int mi_nt = omp_get_max_threads() < MI_MAX_THREADS ? omp_get_max_threads() : MI_MAX_THREADS;")
@@ -309,43 +360,39 @@ class CppKernel:
             code.writeline("#pragma omp parallel num_threads(mi_nt)")
             code.writeline("{")
             with code.indent(open_brace=False):
-                code.splice(prefix)
-                loop_lines = _strip_block(body_and_loops.lines, len(prefix.lines), len(suffix.lines))
-                collapse = len([ln for ln in loop_lines if ln.lstrip().startswith("for (")])
-                code.writeline(f"#pragma omp for schedule(static){f' collapse({collapse})' if collapse > 1 else ''}")
-                for line in loop_lines:
-                    if line.strip().startswith(("#pragma omp simd", "// reduction with")):
-                        continue
-                    code.lines.append("    " * 2 + line.strip() if False else line)
-                for name, _, _, _ in accs:
-                    code.writeline(f"{name}_partial[omp_get_thread_num()] = {name};")
+                code.writeline("const int64_t mi_tid = omp_get_thread_num(), mi_nthr = omp_get_num_threads();")
+                code.writeline(f"const int64_t mi_chunk = (({numel} + mi_nthr - 1) / mi_nthr + {LANES - 1}) / {LANES} * {LANES};")
+                code.writeline(f"const int64_t mi_begin = std::min<int64_t>({numel}, mi_tid * mi_chunk);")
+                code.writeline(f"const int64_t mi_end = std::min<int64_t>({numel}, mi_begin + mi_chunk);")
+                code.lines.extend(block.lines)
             code.writeline("}")
             for name, acc_type, _, combine in accs:
                 code.writeline(f"{acc_type} {name} = {name}_partial[0];")
                 code.writeline(f"for (int t = 1; t < mi_nt; t++) {name} = {combine.format(a=name, b=f'{name}_partial[t]')};")
-            code.splice(suffix)
+            code.splice(self.suffix)
         code.writeline("}")
 
     def render(self, code: CodeBuffer) -> str:
-        params = []
+        params, names = [], []
         for buf, arg, is_out in self.args.call_order():
             ctype = CPP_TYPES[V.graph.get_dtype(buf)]
-            params.append(f"{ctype}* {arg}" if is_out else f"const {ctype}* {arg}")
+            params.append(f"{ctype}* __restrict__ {arg}" if is_out else f"const {ctype}* __restrict__ {arg}")
+            names.append(arg)
         out = CodeBuffer()
         out.writeline('#include "minductor_prelude.h"')
         out.writeline("")
+        for fn, extra, block in self.helpers:
+            sig = ", ".join(params + ([extra] if extra else []))
+            out.writeline(f"static __attribute__((noinline)) void {fn}({sig})")
+            out.lines.extend(block.lines)
+            out.writeline("")
         out.writeline(f'extern "C" void {self.name}({", ".join(params)})')
         out.writeline("{")
         with out.indent(open_brace=False):
-            out.splice(code)
+            for line in code.lines:
+                out.writeline(line.replace(ARGS_PLACEHOLDER, ", ".join(names)))
         out.writeline("}")
         return out.getvalue()
-
-
-def _strip_block(lines: list[str], n_prefix: int, n_suffix: int) -> list[str]:
-    """The loop nest of an ``emit_loop`` block without its braces, prefix and suffix."""
-    inner = lines[1:-1]
-    return inner[n_prefix: len(inner) - n_suffix]
 
 
 def _linear(variables: Sequence[sympy.Symbol], sizes: Sequence[Expr]) -> Expr:

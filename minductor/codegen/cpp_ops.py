@@ -59,7 +59,7 @@ class CppOps:
         return self._same(x, f"-{x}")
 
     def exp(self, x: str) -> str:
-        return self._cse(f"std::exp({x})")
+        return self._cse(f"mi_exp({x})")
 
     def exp2(self, x: str) -> str:
         return self._cse(f"std::exp2({x})")
@@ -68,7 +68,7 @@ class CppOps:
         return self._cse(f"std::expm1({x})")
 
     def log(self, x: str) -> str:
-        return self._cse(f"std::log({x})")
+        return self._cse(f"mi_log({x})")
 
     def log2(self, x: str) -> str:
         return self._cse(f"std::log2({x})")
@@ -86,10 +86,10 @@ class CppOps:
         return self._cse(f"mi_rsqrt({x})")
 
     def sin(self, x: str) -> str:
-        return self._cse(f"std::sin({x})")
+        return self._cse(f"mi_sin({x})")
 
     def cos(self, x: str) -> str:
-        return self._cse(f"std::cos({x})")
+        return self._cse(f"mi_cos({x})")
 
     def tan(self, x: str) -> str:
         return self._cse(f"std::tan({x})")
@@ -110,7 +110,7 @@ class CppOps:
         return self._cse(f"std::cosh({x})")
 
     def tanh(self, x: str) -> str:
-        return self._cse(f"std::tanh({x})")
+        return self._cse(f"mi_tanh({x})")
 
     def asinh(self, x: str) -> str:
         return self._cse(f"std::asinh({x})")
@@ -122,7 +122,7 @@ class CppOps:
         return self._cse(f"std::atanh({x})")
 
     def erf(self, x: str) -> str:
-        return self._cse(f"std::erf({x})")
+        return self._cse(f"mi_erf({x})")
 
     def erfc(self, x: str) -> str:
         return self._cse(f"std::erfc({x})")
