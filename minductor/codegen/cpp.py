@@ -213,6 +213,7 @@ class CppKernel:
         for n in self.group.nodes:
             code.writeline(f"//   {n.node.name}: {type(n.node.data).__name__} {', '.join(sorted(n.node.origins))}")
         only_reductions = len(loops) == 1 and all(n.is_reduction() for n in loops[0].nodes)
+        self.tile_var = self._outer_lane_var(merged_outer)
         if n_outer == 0 and only_reductions and parallel:
             self.emit_parallel_reduction(code, loops[0])
         else:
@@ -234,8 +235,13 @@ class CppKernel:
                         code.writeline(f"#pragma omp parallel for schedule(static){f' collapse({collapse})' if collapse > 1 else ''}")
             if innermost and pure_pointwise and not (parallel and n == 1):
                 code.writeline("#pragma omp simd")
+            if var == self.tile_var:
+                code.writeline(f"for (int64_t mi_tile = 0; mi_tile < {cpp_index(size)}; mi_tile += {LANES})")
+                code.writeline("{")
+                code._indent += 1
+                code.writeline(f"const int64_t mi_count = std::min<int64_t>({LANES}, {cpp_index(size)} - mi_tile);")
+                continue
             code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
-            code._indent += 0
             code.writeline("{")
             code._indent += 1
         if len(loops) == 1:
@@ -243,13 +249,15 @@ class CppKernel:
         else:
             # each loop block becomes its own function: GCC then vectorizes every block
             # (inlined together, later blocks lose vectorization to jump threading)
-            params = ", ".join(f"const int64_t {v}" for v in outer.variables)
+            loop_vars = [str(v) for v in outer.variables if v != self.tile_var]
+            loop_vars += ["mi_tile", "mi_count"] if self.tile_var is not None else []
+            params = ", ".join(f"const int64_t {v}" for v in loop_vars)
             for loop in loops:
                 block = CodeBuffer()
                 self.emit_loop(block, outer, loop)
                 fn = f"{self.name}_loop{len(self.helpers)}"
                 self.helpers.append((fn, params, block))
-                call_vars = ", ".join(str(v) for v in outer.variables)
+                call_vars = ", ".join(loop_vars)
                 code.writeline(f"{fn}({ARGS_PLACEHOLDER}{', ' + call_vars if call_vars else ''});")
         for _ in range(n):
             code._indent -= 1
@@ -285,17 +293,77 @@ class CppKernel:
         code.writeline("{")
         code._indent += 1
         code.splice(self.prefix)
-        if merged_red.variables:
+        if self.tile_var is not None:
+            self._emit_tiled(code, merged_pw, merged_red)
+        elif merged_red.variables:
             self._emit_lane_nest(code, merged_red, thread_chunk)
         else:
             self._emit_pointwise_nest(code, merged_pw)
-        if thread_chunk:
+        if self.tile_var is not None:
+            pass
+        elif thread_chunk:
             for acc, _, _, _ in self.accumulators:
                 code.writeline(f"{acc}_partial[mi_tid] = {acc};")
         else:
             code.splice(self.suffix)
         code._indent -= 1
         code.writeline("}")
+
+    def _outer_lane_var(self, outer: MergedDims) -> sympy.Symbol | None:
+        """The outer variable to vectorize across, for reductions whose input is contiguous
+        along an outer dim rather than the reduced one (``x.sum(0)``); None otherwise."""
+        if not outer.variables or not self.group.has_reduction():
+            return None
+        n_outer = len(self.group.outer)
+        x_last = index_symbol(f"x{n_outer - 1}")
+        if outer.substitution.get(x_last) != outer.variables[-1]:
+            return None
+        contiguous_outer = False
+        for node in self.group.nodes:
+            if not node.is_reduction() or not node.red_ranges:
+                continue
+            r_last = index_symbol(f"r{len(node.red_ranges) - 1}")
+            for dep in node.read_writes.reads:
+                if not isinstance(dep, MemoryDep):
+                    continue
+                coeffs = affine_coeffs(dep.index, [x_last, r_last])
+                if coeffs is None:
+                    continue
+                if coeffs[r_last] == 1:
+                    return None
+                contiguous_outer |= coeffs[x_last] == 1
+        return outer.variables[-1] if contiguous_outer else None
+
+    def _emit_tiled(self, code: CodeBuffer, pw: MergedDims, red: MergedDims) -> None:
+        """Lanes across ``LANES`` consecutive values of the tile variable (outer-lane mode)."""
+        lane_loop = "for (int64_t mi_lane = 0; mi_lane < mi_count; mi_lane++)"
+        bind = f"const int64_t {self.tile_var} = mi_tile + mi_lane;"
+        if not red.variables:
+            if not pw.variables:
+                code.writeline("#pragma omp simd")
+            code.writeline(lane_loop)
+            with code.indent():
+                code.writeline(bind)
+                self._emit_pointwise_nest(code, pw)
+            return
+        for var, size in zip(red.variables, red.sizes):
+            code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
+            code.writeline("{")
+            code._indent += 1
+        code.writeline("#pragma omp simd")
+        code.writeline(lane_loop)
+        with code.indent():
+            code.writeline(bind)
+            code.splice(self.body)
+        for _ in red.variables:
+            code._indent -= 1
+            code.writeline("}")
+        code.writeline(lane_loop)
+        with code.indent():
+            code.writeline(bind)
+            for acc, acc_type, _, _ in self.accumulators:
+                code.writeline(f"{acc_type} {acc} = {acc}_lanes[mi_lane];")
+            code.splice(self.suffix)
 
     def _emit_pointwise_nest(self, code: CodeBuffer, dims: MergedDims) -> None:
         for i, (var, size) in enumerate(zip(dims.variables, dims.sizes)):
