@@ -74,13 +74,9 @@ class GraphLowering(torch.fx.Interpreter):
         lowering = lowerings.get(target)
         if lowering is not None and _dtypes_supported(args, kwargs, val):
             try:
-                result = lowering(*args, **kwargs)
-                _tag_origin(result, self.current_node)
-                return result
+                return lowering(*args, **kwargs)
             except Unsupported as e:
                 log.debug("falling back for %s: %s", target, e)
-        if target is getattr:
-            raise Unsupported("getattr in graph")
         if target.__module__ == "_operator" and target.__name__ == "getitem":
             return args[0][args[1]]
         return fallback(target, args, kwargs, val)
@@ -123,10 +119,6 @@ def _non_overlapping_dense(t: torch.Tensor) -> bool:
     return bool(torch._prims_common.is_non_overlapping_and_dense_or_false(t))
 
 
-def _tag_origin(result: Any, node: torch.fx.Node) -> None:
-    return None
-
-
 def _dtypes_supported(args: Any, kwargs: Any, val: Any) -> bool:
     values = list(torch.utils._pytree.tree_leaves((args, kwargs)))
     for v in values:
@@ -166,7 +158,7 @@ def unsupported_reason(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[[list[Any]], Any]:
     """The pipeline: lower -> schedule -> codegen -> wrap -> load. Returns a boxed callable."""
     from minductor import debug
-    from minductor.codegen.wrapper import generate_wrapper, load_wrapper
+    from minductor.codegen.wrapper import WrapperCodegenError, generate_wrapper, load_wrapper
     from minductor.scheduler import Scheduler
 
     reason = unsupported_reason(gm, example_inputs)
@@ -179,22 +171,29 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     if dump is not None:
         dump.write("fx_graph.py", gm.print_readable(print_output=False))
     graph = GraphLowering(gm, example_inputs)
-    with V.set_graph(graph):
-        graph.run(*example_inputs)                                   # 1. lower (and realize)
-        timings["lower"] = time.perf_counter() - t0
-        scheduler = Scheduler(graph)                                 # 2. schedule
-        if dump is not None:
-            dump.write("ir_pre_fusion.txt", scheduler.debug_str())
-        scheduler.fuse_nodes()
-        if dump is not None:
-            dump.write("ir_post_fusion.txt", scheduler.debug_str())
-        timings["schedule"] = time.perf_counter() - t0 - timings["lower"]
-        module = generate_wrapper(graph, scheduler)                  # 3-4. codegen + wrap
+    try:
+        with V.set_graph(graph):
+            graph.run(*example_inputs)                               # 1. lower (and realize)
+            timings["lower"] = time.perf_counter() - t0
+            scheduler = Scheduler(graph)                             # 2. schedule
+            if dump is not None:
+                dump.write("ir_pre_fusion.txt", scheduler.debug_str())
+            scheduler.fuse_nodes()
+            if dump is not None:
+                dump.write("ir_post_fusion.txt", scheduler.debug_str())
+            timings["schedule"] = time.perf_counter() - t0 - timings["lower"]
+            module = generate_wrapper(graph, scheduler)              # 3-4. codegen + wrap
+    except (Unsupported, WrapperCodegenError) as e:
+        log.warning("minductor: running %s graph through aten: %s", kind, e)
+        return _run_aten_graph(gm)
     timings["codegen"] = time.perf_counter() - t0 - timings["lower"] - timings["schedule"]
     call = load_wrapper(module, dump)                                # 5. load (compiles kernels)
     timings["load"] = time.perf_counter() - t0 - sum(timings.values())
     metrics.graphs_compiled += 1
-    log.info("minductor: compiled %s graph in %.3fs %s", kind, time.perf_counter() - t0, timings)
+    log.info("minductor: compiled %s graph in %.3fs (%s)", kind, time.perf_counter() - t0,
+             ", ".join(f"{k} {v:.3f}s" for k, v in timings.items()))
+    if dump is not None:
+        dump.write("timings.txt", "".join(f"{k}: {v:.4f}s\n" for k, v in timings.items()))
     return call
 
 

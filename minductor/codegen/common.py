@@ -52,9 +52,9 @@ def cpp_index(expr: Expr) -> str:
     if expr.is_Pow and expr.exp.is_Integer and expr.exp > 0:
         return "*".join([_paren(cpp_index(expr.base))] * int(expr.exp))
     if isinstance(expr, sympy.Max):
-        return f"std::max<int64_t>({cpp_index(expr.args[0])}, {cpp_index(sympy.Max(*expr.args[1:]))})"
+        return f"mi_max_i64({cpp_index(expr.args[0])}, {cpp_index(sympy.Max(*expr.args[1:]))})"
     if isinstance(expr, sympy.Min):
-        return f"std::min<int64_t>({cpp_index(expr.args[0])}, {cpp_index(sympy.Min(*expr.args[1:]))})"
+        return f"mi_min_i64({cpp_index(expr.args[0])}, {cpp_index(sympy.Min(*expr.args[1:]))})"
     raise NotImplementedError(f"cannot print index expression {expr} ({type(expr).__name__})")
 
 

@@ -155,7 +155,7 @@ class CppKernel:
             self.body.writeline(f"return {value};")
         self.body.writeline("};")
         other_str = cpp_constant(other, torch.bool if isinstance(other, bool) else (torch.float64 if isinstance(other, float) else torch.int64))
-        return self.cse.generate(self.body, f"{mask} ? {fn}() : static_cast<std::decay_t<decltype({fn}())>>({other_str})")
+        return self.cse.generate(self.body, f"{mask} ? {fn}() : static_cast<decltype({fn}())>({other_str})")
 
     def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, rtype: str, value: str) -> Any:
         key = f"{rtype}({value})"
@@ -239,7 +239,7 @@ class CppKernel:
                 code.writeline(f"for (int64_t mi_tile = 0; mi_tile < {cpp_index(size)}; mi_tile += {LANES})")
                 code.writeline("{")
                 code._indent += 1
-                code.writeline(f"const int64_t mi_count = std::min<int64_t>({LANES}, {cpp_index(size)} - mi_tile);")
+                code.writeline(f"const int64_t mi_count = mi_min_i64({LANES}, {cpp_index(size)} - mi_tile);")
                 continue
             code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
             code.writeline("{")
@@ -430,8 +430,8 @@ class CppKernel:
             with code.indent(open_brace=False):
                 code.writeline("const int64_t mi_tid = omp_get_thread_num(), mi_nthr = omp_get_num_threads();")
                 code.writeline(f"const int64_t mi_chunk = (({numel} + mi_nthr - 1) / mi_nthr + {LANES - 1}) / {LANES} * {LANES};")
-                code.writeline(f"const int64_t mi_begin = std::min<int64_t>({numel}, mi_tid * mi_chunk);")
-                code.writeline(f"const int64_t mi_end = std::min<int64_t>({numel}, mi_begin + mi_chunk);")
+                code.writeline(f"const int64_t mi_begin = mi_min_i64({numel}, mi_tid * mi_chunk);")
+                code.writeline(f"const int64_t mi_end = mi_min_i64({numel}, mi_begin + mi_chunk);")
                 code.lines.extend(block.lines)
             code.writeline("}")
             for name, acc_type, _, combine in accs:

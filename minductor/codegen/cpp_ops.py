@@ -24,10 +24,10 @@ def cpp_constant(value: bool | int | float, dtype: torch.dtype) -> str:
     if dtype.is_floating_point:
         value = float(value)
         if math.isnan(value):
-            return f"std::numeric_limits<{ctype}>::quiet_NaN()"
+            return f"static_cast<{ctype}>(MI_NAN)"
         if math.isinf(value):
             sign = "-" if value < 0 else ""
-            return f"{sign}std::numeric_limits<{ctype}>::infinity()"
+            return f"static_cast<{ctype}>({sign}MI_INF)"
         return f"static_cast<{ctype}>({value!r})"
     value = int(value)
     if value == -(2**63):
@@ -36,7 +36,7 @@ def cpp_constant(value: bool | int | float, dtype: torch.dtype) -> str:
 
 
 def _t(x: str) -> str:
-    return f"std::decay_t<decltype({x})>"
+    return f"decltype({x})"
 
 
 class CppOps:
@@ -62,25 +62,25 @@ class CppOps:
         return self._cse(f"mi_exp({x})")
 
     def exp2(self, x: str) -> str:
-        return self._cse(f"std::exp2({x})")
+        return self._cse(f"mi_c_exp2({x})")
 
     def expm1(self, x: str) -> str:
-        return self._cse(f"std::expm1({x})")
+        return self._cse(f"mi_c_expm1({x})")
 
     def log(self, x: str) -> str:
         return self._cse(f"mi_log({x})")
 
     def log2(self, x: str) -> str:
-        return self._cse(f"std::log2({x})")
+        return self._cse(f"mi_c_log2({x})")
 
     def log10(self, x: str) -> str:
-        return self._cse(f"std::log10({x})")
+        return self._cse(f"mi_c_log10({x})")
 
     def log1p(self, x: str) -> str:
-        return self._cse(f"std::log1p({x})")
+        return self._cse(f"mi_c_log1p({x})")
 
     def sqrt(self, x: str) -> str:
-        return self._cse(f"std::sqrt({x})")
+        return self._cse(f"mi_c_sqrt({x})")
 
     def rsqrt(self, x: str) -> str:
         return self._cse(f"mi_rsqrt({x})")
@@ -92,40 +92,40 @@ class CppOps:
         return self._cse(f"mi_cos({x})")
 
     def tan(self, x: str) -> str:
-        return self._cse(f"std::tan({x})")
+        return self._cse(f"mi_c_tan({x})")
 
     def asin(self, x: str) -> str:
-        return self._cse(f"std::asin({x})")
+        return self._cse(f"mi_c_asin({x})")
 
     def acos(self, x: str) -> str:
-        return self._cse(f"std::acos({x})")
+        return self._cse(f"mi_c_acos({x})")
 
     def atan(self, x: str) -> str:
-        return self._cse(f"std::atan({x})")
+        return self._cse(f"mi_c_atan({x})")
 
     def sinh(self, x: str) -> str:
-        return self._cse(f"std::sinh({x})")
+        return self._cse(f"mi_c_sinh({x})")
 
     def cosh(self, x: str) -> str:
-        return self._cse(f"std::cosh({x})")
+        return self._cse(f"mi_c_cosh({x})")
 
     def tanh(self, x: str) -> str:
         return self._cse(f"mi_tanh({x})")
 
     def asinh(self, x: str) -> str:
-        return self._cse(f"std::asinh({x})")
+        return self._cse(f"mi_c_asinh({x})")
 
     def acosh(self, x: str) -> str:
-        return self._cse(f"std::acosh({x})")
+        return self._cse(f"mi_c_acosh({x})")
 
     def atanh(self, x: str) -> str:
-        return self._cse(f"std::atanh({x})")
+        return self._cse(f"mi_c_atanh({x})")
 
     def erf(self, x: str) -> str:
         return self._cse(f"mi_erf({x})")
 
     def erfc(self, x: str) -> str:
-        return self._cse(f"std::erfc({x})")
+        return self._cse(f"mi_c_erfc({x})")
 
     def erfinv(self, x: str) -> str:
         return self._cse(f"mi_erfinv({x})")
@@ -137,16 +137,16 @@ class CppOps:
         return self._cse(f"mi_relu({x})")
 
     def floor(self, x: str) -> str:
-        return self._cse(f"std::floor({x})")
+        return self._cse(f"mi_c_floor({x})")
 
     def ceil(self, x: str) -> str:
-        return self._cse(f"std::ceil({x})")
+        return self._cse(f"mi_c_ceil({x})")
 
     def trunc(self, x: str) -> str:
-        return self._cse(f"std::trunc({x})")
+        return self._cse(f"mi_c_trunc({x})")
 
     def round(self, x: str) -> str:
-        return self._cse(f"std::nearbyint({x})")
+        return self._cse(f"mi_c_nearbyint({x})")
 
     def sign(self, x: str) -> str:
         return self._cse(f"mi_sign({x})")
@@ -167,13 +167,13 @@ class CppOps:
         return self._cse(f"mi_isnan({x})")
 
     def isinf(self, x: str) -> str:
-        return self._cse(f"std::isinf({x})")
+        return self._cse(f"mi_isinf({x})")
 
     def signbit(self, x: str) -> str:
-        return self._cse(f"std::signbit({x})")
+        return self._cse(f"mi_signbit({x})")
 
     def lgamma(self, x: str) -> str:
-        return self._cse(f"std::lgamma({x})")
+        return self._cse(f"mi_c_lgamma({x})")
 
     # binary ------------------------------------------------------------------------------
     def add(self, a: str, b: str) -> str:
@@ -210,16 +210,16 @@ class CppOps:
         return self._cse(f"mi_minimum<{_t(a)}>({a}, {b})")
 
     def atan2(self, a: str, b: str) -> str:
-        return self._cse(f"std::atan2({a}, {b})")
+        return self._cse(f"mi_c_atan2({a}, {b})")
 
     def hypot(self, a: str, b: str) -> str:
-        return self._cse(f"std::hypot({a}, {b})")
+        return self._cse(f"mi_c_hypot({a}, {b})")
 
     def copysign(self, a: str, b: str) -> str:
-        return self._cse(f"std::copysign({a}, {b})")
+        return self._cse(f"mi_c_copysign({a}, {b})")
 
     def nextafter(self, a: str, b: str) -> str:
-        return self._cse(f"std::nextafter({a}, {b})")
+        return self._cse(f"mi_c_nextafter({a}, {b})")
 
     def eq(self, a: str, b: str) -> str:
         return self._cse(f"{a} == {b}")

@@ -1,11 +1,34 @@
-// minductor C++ kernel prelude: scalar helpers with PyTorch semantics. No torch headers,
-// so a kernel compiles in a fraction of a second.
+// minductor C++ kernel prelude: scalar helpers with PyTorch semantics. No torch headers and
+// no C++ standard library headers (<cmath> alone costs 0.2 s of g++ time): GCC builtins only,
+// so a kernel compiles in about 0.1 s.
 #pragma once
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
+#include <stdint.h>
 #include <omp.h>
+
+template <typename T> struct mi_is_float { static constexpr bool value = false; };
+template <> struct mi_is_float<float> { static constexpr bool value = true; };
+template <> struct mi_is_float<double> { static constexpr bool value = true; };
+template <typename A, typename B> struct mi_same { static constexpr bool value = false; };
+template <typename A> struct mi_same<A, A> { static constexpr bool value = true; };
+
+static inline int64_t mi_min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t mi_max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+#define MI_INF __builtin_inf()
+#define MI_NAN __builtin_nan("")
+
+// libm functions as float/double overloads: mi_c_<name>
+#define MI_UNARY(name) \
+    static inline float mi_c_##name(float x) { return __builtin_##name##f(x); } \
+    static inline double mi_c_##name(double x) { return __builtin_##name(x); }
+#define MI_BINARY(name) \
+    static inline float mi_c_##name(float x, float y) { return __builtin_##name##f(x, y); } \
+    static inline double mi_c_##name(double x, double y) { return __builtin_##name(x, y); }
+MI_UNARY(exp2) MI_UNARY(expm1) MI_UNARY(log2) MI_UNARY(log10) MI_UNARY(log1p) MI_UNARY(sqrt)
+MI_UNARY(tan) MI_UNARY(asin) MI_UNARY(acos) MI_UNARY(atan) MI_UNARY(sinh) MI_UNARY(cosh)
+MI_UNARY(asinh) MI_UNARY(acosh) MI_UNARY(atanh) MI_UNARY(erfc) MI_UNARY(floor) MI_UNARY(ceil)
+MI_UNARY(trunc) MI_UNARY(nearbyint) MI_UNARY(lgamma) MI_UNARY(fabs)
+MI_BINARY(atan2) MI_BINARY(hypot) MI_BINARY(copysign) MI_BINARY(nextafter) MI_BINARY(fmod) MI_BINARY(pow)
 
 #define MI_MAX_THREADS 256
 
@@ -13,16 +36,12 @@ typedef _Float16 mi_half;
 typedef uint16_t mi_bf16;
 
 static inline float mi_bf16_to_float(mi_bf16 v) {
-    uint32_t bits = static_cast<uint32_t>(v) << 16;
-    float out;
-    std::memcpy(&out, &bits, sizeof(out));
-    return out;
+    return __builtin_bit_cast(float, static_cast<uint32_t>(v) << 16);
 }
 
 static inline mi_bf16 mi_float_to_bf16(float v) {
-    uint32_t bits;
-    std::memcpy(&bits, &v, sizeof(bits));
-    if (std::isnan(v)) return static_cast<mi_bf16>(0x7fc0);
+    uint32_t bits = __builtin_bit_cast(uint32_t, v);
+    if (v != v) return static_cast<mi_bf16>(0x7fc0);
     uint32_t rounding = 0x7fff + ((bits >> 16) & 1);  // round to nearest even
     return static_cast<mi_bf16>((bits + rounding) >> 16);
 }
@@ -32,14 +51,14 @@ static inline float mi_round_half(float v) { return static_cast<float>(static_ca
 
 // NaN-propagating maximum/minimum (torch.maximum semantics)
 template <typename T> static inline T mi_maximum(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) {
+    if constexpr (mi_is_float<T>::value) {
         if (a != a) return a;
         if (b != b) return b;
     }
     return a > b ? a : b;
 }
 template <typename T> static inline T mi_minimum(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) {
+    if constexpr (mi_is_float<T>::value) {
         if (a != a) return a;
         if (b != b) return b;
     }
@@ -48,13 +67,13 @@ template <typename T> static inline T mi_minimum(T a, T b) {
 
 // Python-style floor division and modulo
 template <typename T> static inline T mi_floordiv(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) {
+    if constexpr (mi_is_float<T>::value) {
         if (b == 0) return a / b;
-        T mod = std::fmod(a, b);
+        T mod = mi_c_fmod(a, b);
         T div = (a - mod) / b;
         if (mod != 0 && ((b < 0) != (mod < 0))) div -= 1;
-        if (div == 0) return std::copysign(T(0), a / b);
-        T floordiv = std::floor(div);
+        if (div == 0) return mi_c_copysign(T(0), a / b);
+        T floordiv = mi_c_floor(div);
         if (div - floordiv > T(0.5)) floordiv += 1;
         return floordiv;
     } else {
@@ -65,15 +84,15 @@ template <typename T> static inline T mi_floordiv(T a, T b) {
     }
 }
 template <typename T> static inline T mi_truncdiv(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) {
-        return std::trunc(a / b);
+    if constexpr (mi_is_float<T>::value) {
+        return mi_c_trunc(a / b);
     } else {
         return b == 0 ? 0 : a / b;
     }
 }
 template <typename T> static inline T mi_mod(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) {
-        T m = std::fmod(a, b);
+    if constexpr (mi_is_float<T>::value) {
+        T m = mi_c_fmod(a, b);
         if (m != 0 && ((b < 0) != (m < 0))) m += b;
         return m;
     } else {
@@ -84,12 +103,12 @@ template <typename T> static inline T mi_mod(T a, T b) {
     }
 }
 template <typename T> static inline T mi_fmod(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) return std::fmod(a, b);
+    if constexpr (mi_is_float<T>::value) return mi_c_fmod(a, b);
     else return b == 0 ? 0 : a % b;
 }
 template <typename T> static inline T mi_pow(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) {
-        return std::pow(a, b);
+    if constexpr (mi_is_float<T>::value) {
+        return mi_c_pow(a, b);
     } else {
         if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b % 2) ? -1 : 1) : 0);
         T result = 1;
@@ -98,7 +117,7 @@ template <typename T> static inline T mi_pow(T a, T b) {
     }
 }
 template <typename T> static inline T mi_sign(T a) {
-    if constexpr (std::is_floating_point_v<T>) {
+    if constexpr (mi_is_float<T>::value) {
         if (a != a) return a;
     }
     return static_cast<T>((T(0) < a) - (a < T(0)));
@@ -108,7 +127,7 @@ template <typename T> static inline T mi_sign(T a) {
 static inline float mi_exp(float x) {
     float xc = x > 88.3762626647949f ? 88.3762626647949f : x;
     xc = xc < -87.3365447505531f ? -87.3365447505531f : xc;
-    float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+    float n = __builtin_floorf(xc * 1.44269504088896341f + 0.5f);
     float r = xc - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
     float p = 1.9875691500E-4f;
@@ -119,11 +138,11 @@ static inline float mi_exp(float x) {
     p = p * r + 5.0000001201E-1f;
     p = p * r * r + r + 1.0f;
     float out = p * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
-    out = x > 88.72283905206835f ? std::numeric_limits<float>::infinity() : out;
+    out = x > 88.72283905206835f ? __builtin_inff() : out;
     out = x < -87.3365447505531f ? 0.0f : out;
     return x != x ? x : out;
 }
-static inline double mi_exp(double x) { return std::exp(x); }
+static inline double mi_exp(double x) { return __builtin_exp(x); }
 
 static inline float mi_log(float x) {
     bool den = x < 1.17549435e-38f;
@@ -149,14 +168,14 @@ static inline float mi_log(float x) {
     y += -2.12194440e-4f * fe;
     y += -0.5f * z;
     float out = m + y + 0.693359375f * fe;
-    out = x == 0.0f ? -std::numeric_limits<float>::infinity() : out;
-    out = x == std::numeric_limits<float>::infinity() ? x : out;
-    return (x < 0.0f || x != x) ? std::numeric_limits<float>::quiet_NaN() : out;
+    out = x == 0.0f ? -__builtin_inff() : out;
+    out = x == __builtin_inff() ? x : out;
+    return (x < 0.0f || x != x) ? __builtin_nanf("") : out;
 }
-static inline double mi_log(double x) { return std::log(x); }
+static inline double mi_log(double x) { return __builtin_log(x); }
 
 static inline float mi_tanh(float x) {
-    float ax = std::fabs(x);
+    float ax = __builtin_fabsf(x);
     float z = x * x;
     float p = -5.70498872745E-3f;
     p = p * z + 2.06390887954E-2f;
@@ -165,14 +184,14 @@ static inline float mi_tanh(float x) {
     p = p * z - 3.33332819422E-1f;
     float small = x + x * z * p;
     float e = mi_exp(2.0f * (ax < 44.0f ? ax : 44.0f));
-    float big = std::copysign(1.0f - 2.0f / (e + 1.0f), x);
+    float big = __builtin_copysignf(1.0f - 2.0f / (e + 1.0f), x);
     float out = ax < 0.625f ? small : big;
     return x != x ? x : out;
 }
-static inline double mi_tanh(double x) { return std::tanh(x); }
+static inline double mi_tanh(double x) { return __builtin_tanh(x); }
 
 static inline float mi_erf(float x) {
-    float ax = std::fabs(x);
+    float ax = __builtin_fabsf(x);
     // |x| < 1: odd Taylor series of erf, 11 terms
     float z = x * x;
     const float c[11] = {1.1283791670955126f, -0.37612638903183754f, 0.11283791670955126f,
@@ -195,11 +214,11 @@ static inline float mi_erf(float x) {
     q = q * t + 1.00002368f;
     q = q * t - 1.26551223f;
     float erfc = t * mi_exp(-ax * ax + q);
-    float big = std::copysign(1.0f - erfc, x);
+    float big = __builtin_copysignf(1.0f - erfc, x);
     float out = ax < 1.0f ? small : big;
     return x != x ? x : out;
 }
-static inline double mi_erf(double x) { return std::erf(x); }
+static inline double mi_erf(double x) { return __builtin_erf(x); }
 
 // sin/cos: quadrant from a double-precision reduction by pi/2, then float polynomials
 static inline float mi_sincos_poly(float r, int32_t q, bool want_cos) {
@@ -212,38 +231,38 @@ static inline float mi_sincos_poly(float r, int32_t q, bool want_cos) {
 }
 static inline void mi_reduce_pi2(float x, float& r, int32_t& q) {
     double xd = static_cast<double>(x);
-    double k = std::floor(xd * 0.63661977236758134308 + 0.5);
+    double k = __builtin_floor(xd * 0.63661977236758134308 + 0.5);
     double rd = xd - k * 1.5707963267341256523;
     rd = rd - k * 6.0771005065061922e-11;
     r = static_cast<float>(rd);
-    q = static_cast<int32_t>(k - 4.0 * std::floor(k * 0.25));
+    q = static_cast<int32_t>(k - 4.0 * __builtin_floor(k * 0.25));
 }
 static inline float mi_sin(float x) {
     float r; int32_t q;
-    mi_reduce_pi2(std::isinf(x) ? 0.0f : x, r, q);
+    mi_reduce_pi2(__builtin_isinf(x) ? 0.0f : x, r, q);
     float out = mi_sincos_poly(r, q, false);
-    return (x != x || std::isinf(x)) ? std::numeric_limits<float>::quiet_NaN() : out;
+    return (x != x || __builtin_isinf(x)) ? __builtin_nanf("") : out;
 }
 static inline float mi_cos(float x) {
     float r; int32_t q;
-    mi_reduce_pi2(std::isinf(x) ? 0.0f : x, r, q);
+    mi_reduce_pi2(__builtin_isinf(x) ? 0.0f : x, r, q);
     float out = mi_sincos_poly(r, q, true);
-    return (x != x || std::isinf(x)) ? std::numeric_limits<float>::quiet_NaN() : out;
+    return (x != x || __builtin_isinf(x)) ? __builtin_nanf("") : out;
 }
-static inline double mi_sin(double x) { return std::sin(x); }
-static inline double mi_cos(double x) { return std::cos(x); }
+static inline double mi_sin(double x) { return __builtin_sin(x); }
+static inline double mi_cos(double x) { return __builtin_cos(x); }
 
 template <typename T> static inline T mi_sigmoid(T a) { return T(1) / (T(1) + mi_exp(-a)); }
 template <typename T> static inline T mi_relu(T a) {
-    if constexpr (std::is_floating_point_v<T>) { if (a != a) return a; }
+    if constexpr (mi_is_float<T>::value) { if (a != a) return a; }
     return a > T(0) ? a : T(0);
 }
 template <typename T> static inline T mi_abs(T a) {
-    if constexpr (std::is_same_v<T, bool>) return a;
-    else if constexpr (std::is_floating_point_v<T>) return std::fabs(a);
+    if constexpr (mi_same<T, bool>::value) return a;
+    else if constexpr (mi_is_float<T>::value) return mi_c_fabs(a);
     else return a < 0 ? -a : a;
 }
-template <typename T> static inline T mi_rsqrt(T a) { return T(1) / std::sqrt(a); }
+template <typename T> static inline T mi_rsqrt(T a) { return T(1) / mi_c_sqrt(a); }
 template <typename T> static inline T mi_reciprocal(T a) { return T(1) / a; }
 template <typename T> static inline auto mi_shl(T a, T b) {
     return (b < 0 || b >= T(sizeof(T) * 8)) ? T(0) : static_cast<T>(a << b);
@@ -254,24 +273,24 @@ template <typename T> static inline auto mi_shr(T a, T b) {
 }
 template <typename T> static inline T mi_erfinv(T y) {
     // Giles' approximation refined by two Newton steps on erf
-    double x, w = -std::log((1.0 - y) * (1.0 + y));
-    if (y <= -1) return -std::numeric_limits<T>::infinity();
-    if (y >= 1) return std::numeric_limits<T>::infinity();
+    double x, w = -__builtin_log((1.0 - y) * (1.0 + y));
+    if (y <= -1) return static_cast<T>(-MI_INF);
+    if (y >= 1) return static_cast<T>(MI_INF);
     if (w < 5.0) {
         w -= 2.5;
         x = 2.81022636e-08; x = 3.43273939e-07 + x * w; x = -3.5233877e-06 + x * w;
         x = -4.39150654e-06 + x * w; x = 0.00021858087 + x * w; x = -0.00125372503 + x * w;
         x = -0.00417768164 + x * w; x = 0.246640727 + x * w; x = 1.50140941 + x * w;
     } else {
-        w = std::sqrt(w) - 3.0;
+        w = __builtin_sqrt(w) - 3.0;
         x = -0.000200214257; x = 0.000100950558 + x * w; x = 0.00134934322 + x * w;
         x = -0.00367342844 + x * w; x = 0.00573950773 + x * w; x = -0.0076224613 + x * w;
         x = 0.00943887047 + x * w; x = 1.00167406 + x * w; x = 2.83297682 + x * w;
     }
     x *= y;
     for (int i = 0; i < 2; i++) {
-        double err = std::erf(x) - y;
-        x -= err / (2.0 / std::sqrt(M_PI) * std::exp(-x * x));
+        double err = __builtin_erf(x) - y;
+        x -= err / (1.1283791670955126 * __builtin_exp(-x * x));
     }
     return static_cast<T>(x);
 }
@@ -279,12 +298,24 @@ template <typename T> static inline T mi_erfinv(T y) {
 // Reduction accumulators -------------------------------------------------------------
 
 template <typename T> static inline T mi_lowest() {
-    if constexpr (std::is_floating_point_v<T>) return -std::numeric_limits<T>::infinity();
-    else return std::numeric_limits<T>::lowest();
+    if constexpr (mi_is_float<T>::value) return static_cast<T>(-MI_INF);
+    else if constexpr (mi_same<T, bool>::value) return false;
+    else if constexpr (static_cast<T>(-1) < static_cast<T>(0))
+        return static_cast<T>(static_cast<uint64_t>(1) << (sizeof(T) * 8 - 1));
+    else return static_cast<T>(0);
 }
 template <typename T> static inline T mi_highest() {
-    if constexpr (std::is_floating_point_v<T>) return std::numeric_limits<T>::infinity();
-    else return std::numeric_limits<T>::max();
+    if constexpr (mi_is_float<T>::value) return static_cast<T>(MI_INF);
+    else if constexpr (mi_same<T, bool>::value) return true;
+    else return static_cast<T>(~mi_lowest<T>());
+}
+template <typename T> static inline bool mi_isinf(T v) {
+    if constexpr (mi_is_float<T>::value) return __builtin_isinf(v);
+    else return false;
+}
+template <typename T> static inline bool mi_signbit(T v) {
+    if constexpr (mi_is_float<T>::value) return __builtin_signbit(v);
+    else return v < 0;
 }
 
 template <typename T> struct MiArg {
@@ -292,7 +323,7 @@ template <typename T> struct MiArg {
     int64_t index;
 };
 template <typename T> static inline bool mi_isnan(T v) {
-    if constexpr (std::is_floating_point_v<T>) return v != v;
+    if constexpr (mi_is_float<T>::value) return v != v;
     else return false;
 }
 // combine two (value, index) candidates; NaN wins, ties go to the smaller index
