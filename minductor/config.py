@@ -1,0 +1,66 @@
+"""minductor's flags: a flat, typed module read from ``MINDUCTOR_*`` environment variables.
+
+Code reads flags at use time (``config.debug``), never ``from minductor.config import debug``,
+so ``patch()`` and assignments take effect everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+
+def _env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "minductor")
+
+
+# Write, per compiled graph, the FX graph, IR before/after fusion, kernels and wrapper.
+debug: bool = _env_bool("MINDUCTOR_DEBUG")
+# Where debug dumps go (one ``graph_NNN_<kind>`` folder per compiled graph).
+debug_dir: str = os.environ.get("MINDUCTOR_DEBUG_DIR") or "./minductor_debug"
+# Content-addressed kernel cache (``<cache_dir>/cpp/<key[:2]>/<key>/``).
+cache_dir: str = os.environ.get("MINDUCTOR_CACHE_DIR") or _default_cache_dir()
+# C++ compiler used for CPU kernels.
+cxx: str = os.environ.get("MINDUCTOR_CXX") or "g++"
+# How many kernels compile at once.
+compile_threads: int = _env_int("MINDUCTOR_COMPILE_THREADS", min(os.cpu_count() or 1, 8))
+# Code generator for CPU tensors: "cpp" (Triton and XLA backends are not written yet).
+cpu_backend: str = "cpp"
+# Run random ops (rand, dropout) through aten so results match eager bit for bit.
+fallback_random: bool = False
+
+# The flag names: every annotated module-level variable above.
+FLAGS: frozenset[str] = frozenset(__annotations__)
+
+
+@contextlib.contextmanager
+def patch(**overrides: Any) -> Iterator[None]:
+    """Temporarily set flags: ``with config.patch(debug=True): ...``."""
+    module = sys.modules[__name__]
+    for name in overrides:
+        if name not in FLAGS:
+            raise AttributeError(f"minductor.config has no flag {name!r}")
+    saved = {name: getattr(module, name) for name in overrides}
+    try:
+        for name, value in overrides.items():
+            setattr(module, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)

@@ -1,0 +1,28 @@
+"""Process-wide counters, for tests and reports. ``reset()`` clears them in place."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+# Graphs that went through the whole pipeline (aten fallbacks for whole graphs not counted).
+graphs_compiled: int = 0
+# Kernels generated (all backends).
+generated_kernel_count: int = 0
+# Kernels generated per backend: "cpp", "triton", "xla".
+kernels_by_backend: Counter[str] = Counter()
+# aten ops that ran as FallbackKernel, by name.
+fallback_ops: Counter[str] = Counter()
+# Kernel compiles served from / missing in the on-disk cache.
+cache_hits: int = 0
+cache_misses: int = 0
+
+
+def reset() -> None:
+    """Zero every counter; Counter objects are cleared in place so references stay valid."""
+    global graphs_compiled, generated_kernel_count, cache_hits, cache_misses
+    graphs_compiled = 0
+    generated_kernel_count = 0
+    cache_hits = 0
+    cache_misses = 0
+    kernels_by_backend.clear()
+    fallback_ops.clear()

@@ -1,0 +1,177 @@
+"""Compile C++ kernels with g++ into a content-addressed on-disk cache, and load them.
+
+Layout: ``<config.cache_dir>/cpp/<key[:2]>/<key>/<kernel_name>.{cpp,so}`` where ``key`` hashes
+the source, the compiler flags and version, the CPU and the prelude headers. Concurrent
+processes serialize on a file lock per key; the ``.so`` appears atomically (``os.replace``),
+so its existence means a finished compile.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from minductor import config, metrics
+
+INCLUDE_DIR: Path = Path(__file__).parents[1] / "codegen" / "include"
+_BASE_FLAGS = [
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-shared",
+    "-fPIC",
+    "-std=c++17",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-w",
+]
+CXX_FLAGS: list[str] = [*_BASE_FLAGS, f"-I{INCLUDE_DIR}"]
+
+_ERROR_CHARS = 4000
+_loaded: dict[tuple[str, str], Callable[..., None]] = {}  # (key, kernel_name) -> function
+_metrics_lock = threading.Lock()
+
+
+class CppCompileError(RuntimeError):
+    """The C++ compiler rejected a generated kernel."""
+
+
+@functools.cache
+def _toolchain_fingerprint(cxx: str) -> str:
+    """Compiler version, flags and CPU: everything besides the source that shapes the .so."""
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
+    except OSError as e:
+        version = f"unavailable: {e}"
+    cpu = ""
+    if os.path.exists("/proc/cpuinfo"):  # -march=native: a shared cache must not mix CPUs
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    return "\n".join([cxx, version, " ".join(_BASE_FLAGS), platform.machine(), cpu])
+
+
+def _header_digest() -> str:
+    h = hashlib.sha256()
+    if INCLUDE_DIR.is_dir():
+        for path in sorted(INCLUDE_DIR.iterdir()):
+            if path.is_file():
+                h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def cache_key(source: str) -> str:
+    """sha256 of the source, the compiler (flags, version, CPU) and the include headers."""
+    h = hashlib.sha256()
+    for part in (source, _toolchain_fingerprint(config.cxx), _header_digest()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _key_dir(key: str) -> Path:
+    return Path(config.cache_dir) / "cpp" / key[:2] / key
+
+
+def cpp_source_path(source: str, kernel_name: str) -> Path:
+    """Where the ``.cpp`` for ``source`` lives in the cache (for dumps and error messages)."""
+    return _key_dir(cache_key(source)) / f"{kernel_name}.cpp"
+
+
+def _count(hit: bool) -> None:
+    with _metrics_lock:
+        if hit:
+            metrics.cache_hits += 1
+        else:
+            metrics.cache_misses += 1
+
+
+def compile_cpp(source: str, kernel_name: str) -> Path:
+    """Return the path of the compiled ``.so`` for ``source``, compiling it on a cache miss."""
+    return _compile(source, kernel_name, cache_key(source))
+
+
+def _compile(source: str, kernel_name: str, key: str) -> Path:
+    cpp = _key_dir(key) / f"{kernel_name}.cpp"
+    so = cpp.with_suffix(".so")
+    if so.exists():
+        _count(hit=True)
+        return so
+    _count(hit=False)
+    cpp.parent.mkdir(parents=True, exist_ok=True)
+    with open(cpp.parent / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not so.exists():  # another process may have finished it while we waited
+            cpp.write_text(source)
+            _run_compiler(cpp, so, kernel_name)
+    return so
+
+
+def _run_compiler(cpp: Path, so: Path, kernel_name: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=cpp.parent, prefix=f".{kernel_name}.", suffix=".so.tmp")
+    os.close(fd)
+    cmd = [config.cxx, *CXX_FLAGS, str(cpp), "-o", tmp]
+    try:
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        except OSError as e:
+            raise CppCompileError(
+                f"minductor: cannot run the C++ compiler {config.cxx!r} for kernel {kernel_name} ({cpp}): {e}; "
+                "install g++ or set MINDUCTOR_CXX to a C++17 compiler with OpenMP"
+            ) from e
+        if proc.returncode != 0:
+            raise CppCompileError(_error_message(kernel_name, cpp, cmd, proc.stderr or proc.stdout))
+        os.replace(tmp, so)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _error_message(kernel_name: str, cpp: Path, cmd: list[str], output: str) -> str:
+    if len(output) > _ERROR_CHARS:
+        output = output[:_ERROR_CHARS] + f"\n... ({len(output) - _ERROR_CHARS} more characters)"
+    return (
+        f"minductor: C++ compile of kernel {kernel_name} failed\n"
+        f"  source:  {cpp}\n"
+        f"  command: {' '.join(cmd)}\n"
+        f"{output.rstrip()}\n"
+        "this is a minductor bug: please report it with the file above; "
+        "set MINDUCTOR_DEBUG=1 to dump the whole graph"
+    )
+
+
+def load_cpp_kernel(so_path: Path, name: str) -> Callable[..., None]:
+    """The ``extern "C"`` function ``name``; pass arguments as ``c_void_p`` / ``c_int64``."""
+    fn = getattr(ctypes.CDLL(str(so_path)), name)
+    fn.restype = None
+    return fn
+
+
+def compile_and_load_many(items: list[tuple[str, str]]) -> list[Callable[..., None]]:
+    """Compile ``(source, kernel_name)`` pairs (misses in parallel) and load them, in order."""
+    keys = [(cache_key(source), name) for source, name in items]
+    todo = {k: source for k, (source, _) in zip(keys, items) if k not in _loaded}
+    if todo:
+        paths = _compile_all(todo)
+        for k, path in zip(todo, paths):
+            _loaded[k] = load_cpp_kernel(path, k[1])
+    return [_loaded[k] for k in keys]
+
+
+def _compile_all(todo: dict[tuple[str, str], str]) -> list[Path]:
+    jobs = [(source, name, key) for (key, name), source in todo.items()]
+    threads = max(1, min(config.compile_threads, len(jobs)))
+    if threads == 1:
+        return [_compile(*job) for job in jobs]
+    with ThreadPoolExecutor(threads, thread_name_prefix="minductor-cxx") as pool:
+        futures: list[Future[Path]] = [pool.submit(_compile, *job) for job in jobs]
+        return [f.result() for f in futures]

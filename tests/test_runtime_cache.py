@@ -1,0 +1,96 @@
+"""The C++ kernel cache: compile, load, hit, report errors, survive a fresh process."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from minductor import config, metrics
+from minductor.runtime import cache
+
+ARANGE = 'extern "C" void k(float* out, long n){for(long i=0;i<n;i++) out[i]=i;}\n'
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path: Path):
+    metrics.reset()
+    with config.patch(cache_dir=str(tmp_path / "cache")):
+        yield tmp_path / "cache"
+
+
+def run_arange(fn, n: int = 37) -> torch.Tensor:
+    out = torch.empty(n)
+    fn(ctypes.c_void_p(out.data_ptr()), ctypes.c_int64(n))
+    return out
+
+
+def test_compile_load_and_run() -> None:
+    so = cache.compile_cpp(ARANGE, "k")
+    assert so.exists() and so.with_suffix(".cpp").read_text() == ARANGE
+    assert so.with_suffix(".cpp") == cache.cpp_source_path(ARANGE, "k")
+    out = run_arange(cache.load_cpp_kernel(so, "k"))
+    torch.testing.assert_close(out, torch.arange(37, dtype=torch.float32))
+    assert (metrics.cache_hits, metrics.cache_misses) == (0, 1)
+
+
+def test_second_compile_is_a_cache_hit(fresh_cache: Path) -> None:
+    first = cache.compile_cpp(ARANGE, "k")
+    second = cache.compile_cpp(ARANGE, "k")
+    assert first == second and fresh_cache in first.parents
+    assert (metrics.cache_hits, metrics.cache_misses) == (1, 1)
+
+
+def test_key_depends_on_source_and_layout() -> None:
+    key = cache.cache_key(ARANGE)
+    assert key != cache.cache_key(ARANGE.replace("i;", "2*i;"))
+    path = cache.cpp_source_path(ARANGE, "k")
+    assert path.parent.name == key and path.parent.parent.name == key[:2]
+    assert path.parent.parent.parent.name == "cpp"
+
+
+def test_compile_and_load_many_in_order() -> None:
+    sources = [(ARANGE.replace('"C" void k', f'"C" void k{i}').replace("=i;", f"=i+{i};"), f"k{i}") for i in range(3)]
+    with config.patch(compile_threads=3):
+        fns = cache.compile_and_load_many(sources)
+    for i, fn in enumerate(fns):
+        torch.testing.assert_close(run_arange(fn), torch.arange(37, dtype=torch.float32) + i)
+    assert metrics.cache_misses == 3
+    assert cache.compile_and_load_many(sources[:1])[0] is fns[0]  # in-process memo: no reload
+
+
+def test_syntax_error_raises_with_path_and_compiler_output() -> None:
+    bad = 'extern "C" void bad(float* out){ out[0] = ; }\n'
+    with pytest.raises(cache.CppCompileError) as info:
+        cache.compile_cpp(bad, "bad")
+    message = str(info.value)
+    assert isinstance(info.value, RuntimeError)
+    assert str(cache.cpp_source_path(bad, "bad")) in message
+    assert "error" in message and "bad" in message and "MINDUCTOR_DEBUG=1" in message
+    assert not cache.cpp_source_path(bad, "bad").with_suffix(".so").exists()
+
+
+CHILD = """
+import json
+from minductor import metrics
+from minductor.runtime.cache import compile_and_load_many
+compile_and_load_many([(%r, "k")])
+print(json.dumps({"hits": metrics.cache_hits, "misses": metrics.cache_misses}))
+"""
+
+
+def test_fresh_process_hits_the_disk_cache(fresh_cache: Path) -> None:
+    cache.compile_cpp(ARANGE, "k")
+    env = {**os.environ, "MINDUCTOR_CACHE_DIR": str(fresh_cache)}
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD % ARANGE], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert counts == {"hits": 1, "misses": 0}
