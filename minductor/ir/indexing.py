@@ -151,7 +151,11 @@ def simplify_index(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
             return e.func(*[fold(a) for a in e.args])
         return e
 
-    expr = _recombine(fold(expr))
+    for _ in range(4):
+        new = _recombine(fold(expr))
+        if new == expr:
+            break
+        expr = new
     return expr
 
 

@@ -44,29 +44,55 @@ def view(x: TensorBox, size: Sequence[Any]) -> TensorBox:
 
 
 def _reshape_indexer(old: Sequence[Expr], new: Sequence[Expr]) -> Any:
-    """Map new-shape indices to old-shape ones through the flat (row-major) index."""
-    old = [s for s in old]
-    new = [s for s in new]
+    """Map new-shape indices to old-shape ones.
+
+    Dims are matched in groups of equal product (``[a*b] <-> [a, b]``), so a contiguous
+    reshape yields plain affine indices; only within a group that genuinely mixes dims do
+    FloorDiv/ModularIndexing appear.
+    """
+    groups = _reshape_groups(list(old), list(new))
 
     def reindex(index: Sequence[Expr]) -> list[Expr]:
-        flat = sympy.Integer(0)
-        stride = sympy.Integer(1)
-        for i, s in reversed(list(zip(index, new))):
-            flat = flat + i * stride
-            stride = stride * s
-        out = []
-        stride = sympy.Integer(1)
-        for s in reversed(old):
-            out.append(ModularIndexing(flat, stride, s) if s != 1 else sympy.Integer(0))
-            stride = stride * s
-        out.reverse()
-        # the leading dim needs no modulo
-        if old and old[0] != 1:
-            lead_stride = stride / old[0]
-            out[0] = FloorDiv(flat, lead_stride)
+        out: list[Expr] = [sympy.Integer(0)] * len(old)
+        for old_dims, new_dims in groups:
+            flat = sympy.Integer(0)
+            for d in new_dims:
+                flat = flat * new[d] + index[d]
+            stride = sympy.Integer(1)
+            for j, d in enumerate(reversed(old_dims)):
+                if old[d] == 1:
+                    continue
+                is_leading = all(old[e] == 1 for e in old_dims[: len(old_dims) - 1 - j])
+                out[d] = FloorDiv(flat, stride) if is_leading else ModularIndexing(flat, stride, old[d])
+                stride = stride * old[d]
         return out
 
     return reindex
+
+
+def _reshape_groups(old: list[Expr], new: list[Expr]) -> list[tuple[list[int], list[int]]]:
+    """Pair runs of old and new dims with equal products (size-1 dims join a neighbour)."""
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(old) or j < len(new):
+        og, ng = [], []
+        po, pn = sympy.Integer(1), sympy.Integer(1)
+        if i < len(old):
+            og.append(i); po = po * old[i]; i += 1
+        if j < len(new):
+            ng.append(j); pn = pn * new[j]; j += 1
+        while po != pn:
+            if (sympy.sympify(po) < pn) == sympy.true and i < len(old):
+                og.append(i); po = po * old[i]; i += 1
+            elif j < len(new):
+                ng.append(j); pn = pn * new[j]; j += 1
+            elif i < len(old):
+                og.append(i); po = po * old[i]; i += 1
+            else:
+                break
+        groups.append((og, ng))
+    # trailing size-1 dims on either side join the last group
+    return groups
 
 
 @register_lowering(aten.permute)
