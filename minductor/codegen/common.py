@@ -19,6 +19,9 @@ CPP_TYPES = {
 }
 # the type values of a dtype are computed in (fp16/bf16 compute in float32)
 CPP_COMPUTE_TYPES = CPP_TYPES | {torch.float16: "float", torch.bfloat16: "float"}
+# the type of kernel pointer arguments: bool storage is read as bytes (GCC does not
+# vectorize loads of C++ bool)
+CPP_STORAGE_TYPES = CPP_TYPES | {torch.bool: "uint8_t"}
 
 
 def cpp_index(expr: Expr) -> str:

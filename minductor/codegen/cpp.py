@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import sympy
 import torch
 
-from minductor.codegen.common import CPP_COMPUTE_TYPES, CPP_TYPES, CSE, CodeBuffer, KernelArgs, cpp_index
+from minductor.codegen.common import CPP_COMPUTE_TYPES, CPP_STORAGE_TYPES, CPP_TYPES, CSE, CodeBuffer, KernelArgs, cpp_index
 from minductor.codegen.cpp_ops import CppOps, cpp_constant
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.scheduler.deps import MemoryDep
@@ -128,6 +128,8 @@ class CppKernel:
             access = f"static_cast<float>({access})"
         elif dtype == torch.bfloat16:
             access = f"mi_bf16_to_float({access})"
+        elif dtype == torch.bool:
+            access = f"static_cast<bool>({access})"
         return self.cse.generate(self.body, access)
 
     def store(self, name: str, index: Expr, value: str, buffer: CodeBuffer) -> None:
@@ -138,7 +140,7 @@ class CppKernel:
         elif dtype == torch.bfloat16:
             value = f"mi_float_to_bf16({value})"
         else:
-            value = f"static_cast<{CPP_TYPES[dtype]}>({value})"
+            value = f"static_cast<{CPP_STORAGE_TYPES[dtype]}>({value})"
         buffer.writeline(f"{arg}[{self.index_str(index)}] = {value};")
 
     def masked(self, mask: str, body: Callable[[], Any], other: bool | int | float) -> str:
@@ -443,7 +445,7 @@ class CppKernel:
     def render(self, code: CodeBuffer) -> str:
         params, names = [], []
         for buf, arg, is_out in self.args.call_order():
-            ctype = CPP_TYPES[V.graph.get_dtype(buf)]
+            ctype = CPP_STORAGE_TYPES[V.graph.get_dtype(buf)]
             params.append(f"{ctype}* __restrict__ {arg}" if is_out else f"const {ctype}* __restrict__ {arg}")
             names.append(arg)
         out = CodeBuffer()

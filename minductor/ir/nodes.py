@@ -23,7 +23,7 @@ Expr = sympy.Expr
 Loader = Callable[[Sequence[Expr]], Any]
 
 # Costly bodies used more than once are computed once into a buffer; cheap ones are inlined.
-REALIZE_OPCOUNT_THRESHOLD = 8
+REALIZE_OPCOUNT_THRESHOLD = 30
 REALIZE_READS_THRESHOLD = 4
 # Any body larger than this is realized even with one user, to bound compile time.
 MAX_INLINE_OPCOUNT = 96
