@@ -145,9 +145,12 @@ def _render_module(body: CodeBuffer, kernels: list[tuple[str, str]]) -> str:
     out.writeline("empty_strided = torch.empty_strided")
     out.writeline("")
     for name, source in kernels:
-        out.writeline(f"{name}_source = r'''")
-        out.lines.extend(source.rstrip("\n").split("\n"))
+        # the string holds exactly ``source``: what is dumped is what is compiled
+        first, *rest = source.rstrip("\n").split("\n")
+        out.writeline(f"{name}_source = r'''{first}")
+        out.lines.extend(rest)
         out.writeline("'''")
+        assert "'''" not in source
         out.writeline("")
     if kernels:
         names = ", ".join(n for n, _ in kernels)
