@@ -16,6 +16,12 @@ from minductor.runtime import cache
 from minductor.runtime.cache import CppCompileError
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo() -> None:
+    torch._dynamo.reset()
+    metrics.reset()
+
+
 def chain(x: torch.Tensor) -> torch.Tensor:
     return (x.sin() + 1).relu().sum(-1)
 
