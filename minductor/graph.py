@@ -29,6 +29,7 @@ class GraphLowering(torch.fx.Interpreter):
         self.buffers: list[Buffer] = []
         self.name_to_buffer: dict[str, Buffer] = {}
         self.graph_inputs: dict[str, InputBuffer] = {}
+        self.constants: dict[str, torch.Tensor] = {}  # tensors held by the graph module
         self.graph_input_names: list[str] = []
         self.graph_outputs: list[IRNode | None] = []
         self.current_node: torch.fx.Node | None = None
@@ -44,6 +45,19 @@ class GraphLowering(torch.fx.Interpreter):
         if name in self.name_to_buffer:
             return self.name_to_buffer[name]
         return self.graph_inputs[name]
+
+    def get_attr(self, target: str, args: Any, kwargs: Any) -> Any:
+        value = super().get_attr(target, args, kwargs)
+        if not isinstance(value, torch.Tensor):
+            return value
+        if value.dtype not in SUPPORTED_DTYPES or value.device.type != "cpu":
+            raise Unsupported(f"constant {target} of dtype {value.dtype} on {value.device}")
+        name = target.replace(".", "_")
+        layout = FixedLayout(value.device, value.dtype, tuple(as_exprs(value.shape)), tuple(as_exprs(value.stride())))
+        buf = InputBuffer(name=name, layout=layout)
+        self.constants[name] = value
+        self.graph_inputs[name] = buf
+        return TensorBox(StorageBox(buf))
 
     def get_dtype(self, name: str) -> torch.dtype:
         return self.get_buffer(name).get_dtype()

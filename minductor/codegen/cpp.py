@@ -282,6 +282,8 @@ class CppKernel:
         exprs = [e for node in loop.nodes for e in node.read_writes.index_exprs]
         merged_pw = merge_dims(pw_vars, loop.pw_inner, exprs, "xi")
         merged_red = merge_dims(red_vars, loop.red, exprs, "ri")
+        if not merged_red.variables and any(n.is_reduction() for n in loop.nodes):
+            merged_red = MergedDims([index_symbol("ri0")], [sympy.Integer(1)], {})  # reduce 1 element
         self.substitution = outer.substitution | merged_pw.substitution | merged_red.substitution
         for v, s in zip(merged_pw.variables + merged_red.variables, merged_pw.sizes + merged_red.sizes):
             self.range_of[v] = s

@@ -28,6 +28,7 @@ class WrapperCodegenError(Exception):
 class WrapperModule:
     source: str
     kernels: list[tuple[str, str]]  # (name, C++ source)
+    constants: dict[str, torch.Tensor]  # tensors the graph holds, bound by name at load
 
 
 def _shape(values: Any) -> str:
@@ -93,12 +94,14 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
             body.writeline(f"{name}({call_args})")
         else:
             _extern_call(body, unit)
-        dead = sorted(n for n, last in scheduler.last_use.items() if last == i and n not in outputs)
+        dead = sorted(
+            n for n, last in scheduler.last_use.items() if last == i and n not in outputs and n not in graph.constants
+        )
         if dead:
             body.writeline(f"del {', '.join(dead)}")
     rets = [_output_expr(o) for o in graph.graph_outputs]
     body.writeline(f"return ({', '.join(rets)}{',' if len(rets) == 1 else ''})")
-    return WrapperModule(_render_module(body, kernels), kernels)
+    return WrapperModule(_render_module(body, kernels, sorted(graph.constants)), kernels, dict(graph.constants))
 
 
 def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode) -> None:
@@ -134,7 +137,7 @@ def _output_expr(out: Any) -> str:
     raise WrapperCodegenError(f"cannot return {out}")
 
 
-def _render_module(body: CodeBuffer, kernels: list[tuple[str, str]]) -> str:
+def _render_module(body: CodeBuffer, kernels: list[tuple[str, str]], constants: list[str]) -> str:
     out = CodeBuffer()
     out.writeline("# minductor generated wrapper")
     out.writeline("import torch")
@@ -144,6 +147,10 @@ def _render_module(body: CodeBuffer, kernels: list[tuple[str, str]]) -> str:
     out.writeline("")
     out.writeline("empty_strided = torch.empty_strided")
     out.writeline("")
+    for name in constants:
+        out.writeline(f"{name} = constants[{name!r}]  # a tensor held by the graph")
+    if constants:
+        out.writeline("")
     for name, source in kernels:
         # the string holds exactly ``source``: what is dumped is what is compiled
         first, *rest = source.rstrip("\n").split("\n")
@@ -175,7 +182,7 @@ def load_wrapper(module: WrapperModule, dump: Any) -> Callable[[list[Any]], Any]
         filename = str(path)
     else:
         filename = "<minductor output_code>"
-    namespace: dict[str, Any] = {"__name__": "minductor_output_code"}
+    namespace: dict[str, Any] = {"__name__": "minductor_output_code", "constants": module.constants}
     exec(compile(module.source, filename, "exec"), namespace)  # noqa: S102 - our own generated code
     metrics.generated_kernel_count += len(module.kernels)
     metrics.kernels_by_backend["cpp"] += len(module.kernels)

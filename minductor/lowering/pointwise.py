@@ -351,7 +351,7 @@ def to_copy(x: TensorBox, dtype: torch.dtype | None = None, **kwargs: Any) -> Te
     return to_dtype(x, dtype)
 
 
-@register_lowering(aten.clone)
+@register_lowering(aten.clone, aten.lift_fresh_copy)
 def clone(x: TensorBox, memory_format: Any = None) -> TensorBox:
     loader = x.make_loader()
     return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), loader, list(x.get_size()), origins=x.origins | {"clone"}))
