@@ -30,6 +30,7 @@ class GraphLowering(torch.fx.Interpreter):
         self.name_to_buffer: dict[str, Buffer] = {}
         self.graph_inputs: dict[str, InputBuffer] = {}
         self.constants: dict[str, torch.Tensor] = {}  # tensors held by the graph module
+        self.callables: dict[str, Any] = {}  # Python callables extern nodes call (XLA kernels)
         self.graph_input_names: list[str] = []
         self.graph_outputs: list[IRNode | None] = []
         self.current_node: torch.fx.Node | None = None
@@ -45,6 +46,12 @@ class GraphLowering(torch.fx.Interpreter):
         if name in self.name_to_buffer:
             return self.name_to_buffer[name]
         return self.graph_inputs[name]
+
+    def register_callable(self, fn: Any, hint: str) -> str:
+        """Make ``fn`` callable from the wrapper under a fresh name (returned)."""
+        name = f"{hint}_{len(self.callables)}"
+        self.callables[name] = fn
+        return name
 
     def get_attr(self, target: str, args: Any, kwargs: Any) -> Any:
         value = super().get_attr(target, args, kwargs)

@@ -66,6 +66,22 @@ def _paren(s: str) -> str:
 
 
 @dataclasses.dataclass
+class KernelCode:
+    """One generated kernel, as the wrapper needs it.
+
+    ``source`` is dumped as ``<name><file_suffix>``. For ``cpp`` it is C++ that the wrapper
+    compiles through the cache; for other backends it is Python defining ``name`` that the
+    wrapper module includes verbatim. ``call`` is the wrapper line that launches it.
+    """
+
+    name: str
+    backend: str  # "cpp", "triton", "xla"
+    source: str
+    call: str
+    file_suffix: str = ".cpp"
+
+
+@dataclasses.dataclass
 class KernelArgs:
     """Buffers a kernel touches, named ``in_ptrN`` / ``out_ptrN`` in call order."""
 

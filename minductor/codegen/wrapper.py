@@ -9,8 +9,8 @@ from typing import Any, Callable
 import sympy
 import torch
 
-from minductor import metrics
-from minductor.codegen.common import CodeBuffer
+from minductor import config, metrics
+from minductor.codegen.common import CodeBuffer, KernelCode
 from minductor.codegen.cpp import CppKernel, kernel_name
 from minductor.ir.nodes import (
     Buffer, ComputedBuffer, ExternKernel, ExternKernelOut, FallbackKernel, InputBuffer, IRNode, MultiOutput,
@@ -27,8 +27,22 @@ class WrapperCodegenError(Exception):
 @dataclasses.dataclass
 class WrapperModule:
     source: str
-    kernels: list[tuple[str, str]]  # (name, C++ source)
-    constants: dict[str, torch.Tensor]  # tensors the graph holds, bound by name at load
+    kernels: list[KernelCode]
+    constants: dict[str, Any]  # tensors and callables the graph holds, bound by name at load
+
+
+def codegen_kernel(group: FusedGroup, index: int) -> KernelCode:
+    """Generate one fused group with the backend its device calls for."""
+    device = group.nodes[0].node.get_device()
+    if device.type == "cuda" or config.cpu_backend == "triton":
+        from minductor.codegen.triton import codegen_triton_kernel
+
+        return codegen_triton_kernel(group, index)
+    name = kernel_name(group, index)
+    kernel = CppKernel(group, name)
+    source = kernel.generate()
+    call_args = ", ".join(f"c_void_p({buf}.data_ptr())" for buf, _, _ in kernel.args.call_order())
+    return KernelCode(name, "cpp", source, f"{name}({call_args})", ".cpp")
 
 
 def _shape(values: Any) -> str:
@@ -72,7 +86,7 @@ def _alloc(buf: Buffer) -> str:
 
 
 def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
-    kernels: list[tuple[str, str]] = []
+    kernels: list[KernelCode] = []
     body = CodeBuffer()
     inputs = graph.graph_input_names
     body.writeline(f"{', '.join(inputs)}{',' if len(inputs) == 1 else ''} = args" if inputs else "pass")
@@ -84,16 +98,13 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
     outputs = scheduler.output_names()
     for i, unit in enumerate(scheduler.units):
         if isinstance(unit, FusedGroup):
-            name = kernel_name(unit, len(kernels))
-            kernel = CppKernel(unit, name)
-            source = kernel.generate()
-            kernels.append((name, source))
+            kernel = codegen_kernel(unit, len(kernels))
+            kernels.append(kernel)
             for n in unit.nodes:
                 body.writeline(_alloc(n.node))
-            call_args = ", ".join(f"c_void_p({buf}.data_ptr())" for buf, _, _ in kernel.args.call_order())
-            body.writeline(f"{name}({call_args})")
+            body.writeline(kernel.call)
         else:
-            _extern_call(body, unit)
+            _extern_call(body, unit, graph)
         dead = sorted(
             n for n, last in scheduler.last_use.items() if last == i and n not in outputs and n not in graph.constants
         )
@@ -101,10 +112,11 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
             body.writeline(f"del {', '.join(dead)}")
     rets = [_output_expr(o) for o in graph.graph_outputs]
     body.writeline(f"return ({', '.join(rets)}{',' if len(rets) == 1 else ''})")
-    return WrapperModule(_render_module(body, kernels, sorted(graph.constants)), kernels, dict(graph.constants))
+    constants = dict(graph.constants) | dict(graph.callables)
+    return WrapperModule(_render_module(body, kernels, sorted(constants)), kernels, constants)
 
 
-def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode) -> None:
+def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode, graph: Any) -> None:
     node = unit.node
     if isinstance(node, MultiOutput):
         body.writeline(f"{node.name} = {node.parent.name}{''.join(f'[{i}]' for i in node.indices)}")
@@ -112,7 +124,7 @@ def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode) -> None:
     assert isinstance(node, ExternKernel)
     args = [py_arg(a) for a in node.args]
     kwargs = [f"{k}={py_arg(v)}" for k, v in node.kwargs.items()]
-    op = _op_name(node.op)
+    op = _op_name(node.op, graph)
     if isinstance(node, ExternKernelOut):
         body.writeline(_alloc(node))
         body.writeline(f"{op}({', '.join(args + kwargs + [f'out={node.name}'])})")
@@ -121,10 +133,13 @@ def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode) -> None:
         body.writeline(f"{node.name} = {op}({', '.join(args + kwargs)})  # fallback")
 
 
-def _op_name(op: Any) -> str:
+def _op_name(op: Any, graph: Any) -> str:
     if isinstance(op, torch._ops.OpOverload):
         return f"torch.ops.{op.namespace}.{op._schema.name.split('::')[1]}.{op._overloadname}"
-    raise WrapperCodegenError(f"extern op {op} is not an aten overload")
+    for name, fn in graph.callables.items():
+        if fn is op:
+            return name
+    raise WrapperCodegenError(f"extern op {op} is neither an aten overload nor registered with graph.register_callable")
 
 
 def _output_expr(out: Any) -> str:
@@ -137,7 +152,7 @@ def _output_expr(out: Any) -> str:
     raise WrapperCodegenError(f"cannot return {out}")
 
 
-def _render_module(body: CodeBuffer, kernels: list[tuple[str, str]], constants: list[str]) -> str:
+def _render_module(body: CodeBuffer, kernels: list[KernelCode], constants: list[str]) -> str:
     out = CodeBuffer()
     out.writeline("# minductor generated wrapper")
     out.writeline("import torch")
@@ -148,10 +163,15 @@ def _render_module(body: CodeBuffer, kernels: list[tuple[str, str]], constants: 
     out.writeline("empty_strided = torch.empty_strided")
     out.writeline("")
     for name in constants:
-        out.writeline(f"{name} = constants[{name!r}]  # a tensor held by the graph")
+        out.writeline(f"{name} = constants[{name!r}]  # held by the graph")
     if constants:
         out.writeline("")
-    for name, source in kernels:
+    for kernel in kernels:
+        if kernel.backend != "cpp":
+            out.lines.extend(kernel.source.rstrip("\n").split("\n"))
+            out.writeline("")
+    cpp = [(k.name, k.source) for k in kernels if k.backend == "cpp"]
+    for name, source in cpp:
         # the string holds exactly ``source``: what is dumped is what is compiled
         first, *rest = source.rstrip("\n").split("\n")
         out.writeline(f"{name}_source = r'''{first}")
@@ -159,10 +179,10 @@ def _render_module(body: CodeBuffer, kernels: list[tuple[str, str]], constants: 
         out.writeline("'''")
         assert "'''" not in source
         out.writeline("")
-    if kernels:
-        names = ", ".join(n for n, _ in kernels)
-        items = ", ".join(f"({n}_source, {n!r})" for n, _ in kernels)
-        out.writeline(f"{names}{',' if len(kernels) == 1 else ''} = compile_and_load_many([{items}])")
+    if cpp:
+        names = ", ".join(n for n, _ in cpp)
+        items = ", ".join(f"({n}_source, {n!r})" for n, _ in cpp)
+        out.writeline(f"{names}{',' if len(cpp) == 1 else ''} = compile_and_load_many([{items}])")
         out.writeline("")
     out.writeline("")
     out.writeline("def call(args):")
@@ -177,15 +197,16 @@ def load_wrapper(module: WrapperModule, dump: Any) -> Callable[[list[Any]], Any]
     """Compile the kernels (in parallel, through the cache) and return ``call``."""
     if dump is not None:
         path = dump.write("output_code.py", module.source)
-        for name, source in module.kernels:
-            dump.write(f"{name}.cpp", source)
+        for kernel in module.kernels:
+            dump.write(f"{kernel.name}{kernel.file_suffix}", kernel.source)
         filename = str(path)
     else:
         filename = "<minductor output_code>"
     namespace: dict[str, Any] = {"__name__": "minductor_output_code", "constants": module.constants}
     exec(compile(module.source, filename, "exec"), namespace)  # noqa: S102 - our own generated code
     metrics.generated_kernel_count += len(module.kernels)
-    metrics.kernels_by_backend["cpp"] += len(module.kernels)
+    for kernel in module.kernels:
+        metrics.kernels_by_backend[kernel.backend] += 1
     return namespace["call"]
 
 
