@@ -12,6 +12,7 @@ import torch
 from minductor import config, metrics
 from minductor.codegen.common import CodeBuffer, KernelCode
 from minductor.codegen.cpp import CppKernel, kernel_name
+from minductor.codegen.memory import plan_memory
 from minductor.ir.nodes import (
     Buffer, ComputedBuffer, ExternKernel, ExternKernelOut, FallbackKernel, InputBuffer, IRNode, MultiOutput,
 )
@@ -77,14 +78,6 @@ def py_arg(obj: Any) -> str:
     raise WrapperCodegenError(f"cannot pass {type(obj).__name__} to an extern call")
 
 
-def _alloc(buf: Buffer) -> str:
-    lay = buf.layout
-    return (
-        f"{buf.name} = empty_strided({_shape(lay.size)}, {_shape(lay.stride)}, "
-        f"device={str(lay.device)!r}, dtype={lay.dtype})"
-    )
-
-
 def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
     kernels: list[KernelCode] = []
     body = CodeBuffer()
@@ -96,20 +89,18 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
         if buf is not None:
             body.writeline(f"assert_size_stride({name}, {_shape(buf.layout.size)}, {_shape(buf.layout.stride)}, {name!r})")
     outputs = scheduler.output_names()
-    for i, unit in enumerate(scheduler.units):
+    plans = plan_memory(graph, scheduler.units, scheduler.last_use, outputs)
+    for unit, plan in zip(scheduler.units, plans):
+        for line in plan.allocs:
+            body.writeline(line)
         if isinstance(unit, FusedGroup):
             kernel = codegen_kernel(unit, len(kernels))
             kernels.append(kernel)
-            for n in unit.nodes:
-                body.writeline(_alloc(n.node))
             body.writeline(kernel.call)
         else:
             _extern_call(body, unit, graph)
-        dead = sorted(
-            n for n, last in scheduler.last_use.items() if last == i and n not in outputs and n not in graph.constants
-        )
-        if dead:
-            body.writeline(f"del {', '.join(dead)}")
+        for line in plan.frees:
+            body.writeline(line)
     rets = [_output_expr(o) for o in graph.graph_outputs]
     body.writeline(f"return ({', '.join(rets)}{',' if len(rets) == 1 else ''})")
     constants = dict(graph.constants) | dict(graph.callables)
@@ -126,7 +117,6 @@ def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode, graph: Any) -> Non
     kwargs = [f"{k}={py_arg(v)}" for k, v in node.kwargs.items()]
     op = _op_name(node.op, graph)
     if isinstance(node, ExternKernelOut):
-        body.writeline(_alloc(node))
         body.writeline(f"{op}({', '.join(args + kwargs + [f'out={node.name}'])})")
     else:
         assert isinstance(node, FallbackKernel)

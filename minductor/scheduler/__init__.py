@@ -130,9 +130,10 @@ class Scheduler:
         return merged
 
     def compute_last_usage(self) -> None:
+        """Index of the last unit that reads or writes each buffer (its free point)."""
         self.last_use = {}
         for i, unit in enumerate(self.units):
-            for name in unit.read_names():
+            for name in unit.read_names() | unit.write_names():
                 self.last_use[name] = i
 
     # -- helpers -------------------------------------------------------------------------
