@@ -29,6 +29,8 @@ PARALLEL_THRESHOLD = 32768
 # independent accumulators per reduction (two AVX2 vectors of float)
 LANES = 16
 ARGS_PLACEHOLDER = "MI_KERNEL_ARGS"
+# edge of the 2-D tiles used when a pointwise kernel reads a transposed buffer
+TILE = 32
 
 
 @dataclasses.dataclass
@@ -225,6 +227,9 @@ class CppKernel:
     def emit_outer(self, code: CodeBuffer, outer: MergedDims, loops: list[Loop], parallel: bool) -> None:
         n = len(outer.variables)
         pure_pointwise = len(loops) == 1 and not loops[0].pw_inner and not loops[0].red
+        if pure_pointwise and self._needs_2d_tiles(outer):
+            self.emit_tiled_2d(code, outer, loops[0], parallel)
+            return
         for i, (var, size) in enumerate(zip(outer.variables, outer.sizes)):
             self.range_of[var] = size
             innermost = i == n - 1
@@ -264,6 +269,67 @@ class CppKernel:
         for _ in range(n):
             code._indent -= 1
             code.writeline("}")
+
+    def _needs_2d_tiles(self, outer: MergedDims) -> bool:
+        """Whether some buffer is contiguous along the second-innermost loop while another
+        is contiguous along the innermost (a transpose): then loop over 2-D tiles."""
+        if len(outer.variables) < 2 or any(not s.is_Integer for s in outer.sizes[-2:]):
+            return False
+        if min(int(s) for s in outer.sizes[-2:]) < 2 * TILE:
+            return False
+        inner, second = outer.variables[-1], outer.variables[-2]
+        found_inner = found_second = False
+        for node in self.group.nodes:
+            for dep in node.read_writes.reads | node.read_writes.writes:
+                if not isinstance(dep, MemoryDep):
+                    continue
+                expr = dep.index.xreplace(outer.substitution)
+                coeffs = affine_coeffs(expr, [inner, second])
+                if coeffs is None:
+                    continue
+                found_inner |= coeffs[inner] == 1
+                found_second |= coeffs[second] == 1 and coeffs[inner] != 1
+        return found_inner and found_second
+
+    def _store_contiguous_along(self, outer: MergedDims, var: sympy.Symbol, loop: Loop) -> bool:
+        for node in loop.nodes:
+            for dep in node.read_writes.writes:
+                if isinstance(dep, MemoryDep):
+                    coeffs = affine_coeffs(dep.index.xreplace(outer.substitution), [var])
+                    if coeffs is not None and coeffs[var] == 1:
+                        return True
+        return False
+
+    def emit_tiled_2d(self, code: CodeBuffer, outer: MergedDims, loop: Loop, parallel: bool) -> None:
+        """Pointwise over ``TILE x TILE`` blocks of the two innermost dims (cache blocking)."""
+        *lead, second, inner = list(zip(outer.variables, outer.sizes))
+        for var, size in zip(outer.variables, outer.sizes):
+            self.range_of[var] = size
+        if parallel:
+            code.writeline(f"#pragma omp parallel for schedule(static) collapse({len(lead) + 2})")
+        for var, size in lead:
+            code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
+        (v2, s2), (v1, s1) = second, inner
+        if self._store_contiguous_along(outer, v2, loop):
+            (v2, s2), (v1, s1) = (v1, s1), (v2, s2)  # vectorize along the stores, gather the loads
+        code.writeline(f"for (int64_t mi_t0 = 0; mi_t0 < {cpp_index(s2)}; mi_t0 += {TILE})")
+        code.writeline(f"for (int64_t mi_t1 = 0; mi_t1 < {cpp_index(s1)}; mi_t1 += {TILE})")
+        code.writeline("{")
+        with code.indent(open_brace=False):
+            code.writeline(f"for (int64_t {v2} = mi_t0; {v2} < mi_min_i64(mi_t0 + {TILE}, {cpp_index(s2)}); {v2}++)")
+            code.writeline("{")
+            with code.indent(open_brace=False):
+                self.body, self.prefix, self.suffix = CodeBuffer(), CodeBuffer(), CodeBuffer()
+                self.substitution = dict(outer.substitution)
+                with V.set_ops(CppOps(self)), V.set_kernel(self):
+                    for node in loop.nodes:
+                        node.run(make_vars("x", len(self.group.outer)), [])
+                code.writeline("#pragma omp simd")
+                code.writeline(f"for (int64_t {v1} = mi_t1; {v1} < mi_min_i64(mi_t1 + {TILE}, {cpp_index(s1)}); {v1}++)")
+                with code.indent():
+                    code.splice(self.body)
+            code.writeline("}")
+        code.writeline("}")
 
     def emit_loop(self, code: CodeBuffer, outer: MergedDims, loop: Loop, thread_chunk: bool = False) -> None:
         """Emit one loop block: prefix (accumulators), inner loop nest, suffix (stores).
