@@ -27,7 +27,7 @@ Expr = sympy.Expr
 # below this many element-iterations a kernel runs on one thread
 PARALLEL_THRESHOLD = 32768
 # independent accumulators per reduction (two AVX2 vectors of float)
-LANES = 16
+LANES = 8
 ARGS_PLACEHOLDER = "MI_KERNEL_ARGS"
 # edge of the 2-D tiles used when a pointwise kernel reads a transposed buffer
 TILE = 32

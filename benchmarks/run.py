@@ -1,0 +1,99 @@
+"""The benchmark suite: speed, compile latency and peak memory vs eager and TorchInductor."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from minductor.bench.runner import measure_bandwidth, run_workload
+from minductor.bench.workloads import WORKLOADS, Block
+
+COMPILE_CHILD = r"""
+import json, sys, time, torch
+backend, case = sys.argv[1], sys.argv[2]
+def f3(x): return (x.sin() + 1) * 2
+def f50(x):
+    for i in range(25):
+        x = (x * 1.01 + 0.1).tanh()
+        if i % 5 == 0:
+            x = x - x.mean(-1, keepdim=True)
+    return x
+mlp = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU()) for _ in range(4)])
+start = time.perf_counter()
+if case == "mlp_fw_bw":
+    torch.compile(mlp, backend=backend)(torch.randn(64, 256)).sum().backward()
+else:
+    torch.compile({"pointwise3": f3, "ops50": f50}[case], backend=backend)(torch.randn(64, 256))
+print(json.dumps(time.perf_counter() - start))
+"""
+
+
+def bench_speed(with_inductor: bool, names: list[str]) -> None:
+    bandwidth = measure_bandwidth()
+    print(f"== speed ({torch.get_num_threads()} threads; out= add streams at {bandwidth:.1f} GB/s)")
+    for name in names:
+        fn, make_args = WORKLOADS[name]
+        with torch.no_grad():
+            report = run_workload(name, fn, make_args(), with_inductor=with_inductor, bandwidth=bandwidth)
+        print("\n".join(report.lines()), flush=True)
+
+
+def bench_compile(with_inductor: bool) -> None:
+    print("== compile latency (fresh process, empty caches)")
+    backends = ["minductor"] + (["inductor"] if with_inductor else [])
+    for case in ["pointwise3", "ops50", "mlp_fw_bw"]:
+        row = []
+        for backend in backends:
+            with tempfile.TemporaryDirectory() as tmp:
+                env = dict(os.environ, MINDUCTOR_CACHE_DIR=tmp, TORCHINDUCTOR_CACHE_DIR=tmp)
+                out = subprocess.run([sys.executable, "-c", COMPILE_CHILD, backend, case], env=env,
+                                     capture_output=True, text=True, check=True)
+                row.append(f"{backend} {json.loads(out.stdout.strip().splitlines()[-1]):.2f} s")
+        print(f"{case}: " + " | ".join(row), flush=True)
+
+
+def peak_bytes(fn, *args) -> int:  # noqa: ANN001
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn(*args)
+    live = peak = 0
+    events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
+    for e in events:
+        live += e.cpu_memory_usage
+        peak = max(peak, live)
+    return peak
+
+
+def bench_memory() -> None:
+    print("== peak memory of a forward pass (profiler allocation events)")
+    torch.manual_seed(0)
+    model = Block().eval()
+    x = torch.randn(8, 128, 256)
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="minductor")
+        compiled(x)
+        eager_peak, mind_peak = peak_bytes(model, x), peak_bytes(compiled, x)
+    print(f"transformer_block: eager {eager_peak / 1e6:.1f} MB | minductor {mind_peak / 1e6:.1f} MB "
+          f"({mind_peak / eager_peak:.2f}x eager)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--no-inductor", action="store_true")
+    parser.add_argument("--only", choices=["speed", "compile", "memory"])
+    parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
+    ns = parser.parse_args()
+    if ns.only in (None, "speed"):
+        bench_speed(not ns.no_inductor, ns.workloads)
+    if ns.only in (None, "compile"):
+        bench_compile(not ns.no_inductor)
+    if ns.only in (None, "memory"):
+        bench_memory()
+
+
+if __name__ == "__main__":
+    main()

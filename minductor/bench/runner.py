@@ -1,0 +1,139 @@
+"""Side-by-side timing of a workload: eager, minductor, TorchInductor, and each kernel."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import tempfile
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.utils.benchmark as benchmark
+
+from minductor import config
+
+
+@dataclasses.dataclass
+class KernelTiming:
+    name: str
+    seconds: float
+    bytes_moved: int
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes_moved / self.seconds / 1e9 if self.seconds else 0.0
+
+
+@dataclasses.dataclass
+class WorkloadReport:
+    name: str
+    eager: float
+    minductor: float
+    inductor: float | None
+    kernels: list[KernelTiming]
+    bandwidth: float  # machine GB/s
+
+    def lines(self) -> list[str]:
+        out = [f"{self.name}: eager {self.eager * 1e3:.3f} ms | minductor {self.minductor * 1e3:.3f} ms "
+               f"({self.eager / self.minductor:.2f}x eager)"
+               + (f" | inductor {self.inductor * 1e3:.3f} ms ({self.inductor / self.minductor:.2f}x inductor)"
+                  if self.inductor else "")]
+        for k in self.kernels:
+            pct = 100 * k.gbps / self.bandwidth if self.bandwidth else 0.0
+            out.append(f"    {k.name}: {k.seconds * 1e6:9.1f} us  {k.bytes_moved / 1e6:8.2f} MB  "
+                       f"{k.gbps:6.1f} GB/s  {pct:5.1f}% of bandwidth")
+        return out
+
+
+def median_time(fn: Callable[[], Any], min_run_time: float = 0.5) -> float:
+    timer = benchmark.Timer("fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    return timer.blocked_autorange(min_run_time=min_run_time).median
+
+
+def measure_bandwidth(numel: int = 1 << 25) -> float:
+    """Best streaming rate of an out= add (3 x numel x 4 bytes), in GB/s."""
+    a, b, c = torch.randn(numel), torch.randn(numel), torch.empty(numel)
+    seconds = median_time(lambda: torch.add(a, b, out=c))
+    return 3 * numel * 4 / seconds / 1e9
+
+
+def run_workload(name: str, fn: Callable[..., Any], args: Sequence[Any], *, with_inductor: bool = True,
+                 bandwidth: float | None = None, min_run_time: float = 0.5) -> WorkloadReport:
+    """Compile ``fn`` with minductor (and TorchInductor), check results, time all three
+    and every generated C++ kernel in isolation."""
+    torch._dynamo.reset()
+    graphs: list[tuple[Any, list[Any]]] = []
+    with tempfile.TemporaryDirectory() as tmp, config.patch(debug=True, debug_dir=tmp), _record_graphs(graphs):
+        compiled = torch.compile(fn, backend="minductor")
+        torch.testing.assert_close(compiled(*args), fn(*args), rtol=1e-3, atol=1e-3)
+    kernels = [t for module, graph_args in graphs for t in time_kernels(module, graph_args, min_run_time / 5)]
+    eager_s = median_time(lambda: fn(*args), min_run_time)
+    mind_s = median_time(lambda: compiled(*args), min_run_time)
+    ind_s = None
+    if with_inductor:
+        torch._dynamo.reset()
+        inductor = torch.compile(fn)
+        inductor(*args)
+        ind_s = median_time(lambda: inductor(*args), min_run_time)
+    return WorkloadReport(name, eager_s, mind_s, ind_s, kernels, bandwidth or measure_bandwidth())
+
+
+_CALL = re.compile(r"^\s*(cpp_\w+)\((.*)\)$")
+
+
+@contextlib.contextmanager
+def _record_graphs(graphs: list[tuple[Any, list[Any]]]) -> Iterator[None]:
+    """Record each compiled graph's wrapper source and the arguments of its first call."""
+    from minductor.codegen import wrapper
+
+    original = wrapper.load_wrapper
+
+    def load(module: Any, dump: Any) -> Any:
+        call = original(module, dump)
+
+        def recording(args: list[Any]) -> Any:
+            if len(graphs) < len(seen) + 1 and id(call) not in seen:
+                seen.add(id(call))
+                graphs.append((module, [a.clone() if isinstance(a, torch.Tensor) else a for a in args]))
+            return call(args)
+
+        recording._boxed_call = True  # type: ignore[attr-defined]
+        return recording
+
+    seen: set[int] = set()
+    wrapper.load_wrapper = load
+    try:
+        yield
+    finally:
+        wrapper.load_wrapper = original
+
+
+def time_kernels(module: Any, args: Sequence[Any], min_run_time: float) -> list[KernelTiming]:
+    """Run a wrapper statement by statement on a graph's inputs; time each kernel call alone."""
+    source = module.source
+    namespace: dict[str, Any] = {"__name__": "minductor_bench", "constants": module.constants}
+    exec(compile(source, "<output_code>", "exec"), namespace)  # noqa: S102 - our own generated code
+    body = source.split("def call(args):\n")[1].split("\ncall._boxed_call")[0]
+    lines = [line.strip() for line in body.split("\n") if line.strip()]
+    local: dict[str, Any] = {"args": list(args)}
+    out = []
+    for line in lines:
+        if line.startswith("return"):
+            break
+        match = _CALL.match(line)
+        if match:
+            buffers = re.findall(r"c_void_p\((\w+)\.data_ptr\(\)\)", match.group(2))
+            moved = sum(local[b].untyped_storage().nbytes() for b in buffers if b in local)
+            seconds = median_time(lambda line=line: exec(line, namespace, local), min_run_time)
+            out.append(KernelTiming(match.group(1), seconds, moved))
+        else:
+            exec(line, namespace, local)
+    return out
+
+
+def compile_seconds(fn: Callable[..., Any], args: Sequence[Any], backend: str) -> float:
+    torch._dynamo.reset()
+    start = time.perf_counter()
+    torch.compile(fn, backend=backend)(*args)
+    return time.perf_counter() - start
