@@ -134,9 +134,13 @@ class CppKernel:
             access = f"static_cast<bool>({access})"
         return self.cse.generate(self.body, access)
 
-    def store(self, name: str, index: Expr, value: str, buffer: CodeBuffer) -> None:
+    def store(self, name: str, index: Expr, value: str, buffer: CodeBuffer, mode: str | None = None) -> None:
         arg = self.args.output(name)
         dtype = V.graph.get_dtype(name)
+        if mode is not None:
+            current = self.load(name, index) if buffer is self.body else None
+            assert current is not None, "combining stores happen in loop bodies"
+            value = self.cse.generate(self.body, _combine(mode, current, value))
         if dtype == torch.float16:
             value = f"static_cast<mi_half>({value})"
         elif dtype == torch.bfloat16:
@@ -211,7 +215,8 @@ class CppKernel:
         outer_numel = sympy.Mul(*outer) if outer else sympy.Integer(1)
         inner_work = sum((sympy.Mul(*(lp.pw_inner + lp.red)) for lp in loops), sympy.Integer(0))
         work = int(outer_numel * max(inner_work, 1))
-        parallel = work >= PARALLEL_THRESHOLD
+        # a scatter (indirect or combining store) runs serially: no races, eager's order
+        parallel = work >= PARALLEL_THRESHOLD and not any(n.node.mutates for n in self.group.nodes)
         code = CodeBuffer()
         code.writeline(f"// Source nodes: {', '.join(self.group.names())}")
         for n in self.group.nodes:
@@ -531,6 +536,16 @@ class CppKernel:
                 out.writeline(line.replace(ARGS_PLACEHOLDER, ", ".join(names)))
         out.writeline("}")
         return out.getvalue()
+
+
+def _combine(mode: str, current: str, value: str) -> str:
+    t = f"decltype({current})"
+    return {
+        "add": f"static_cast<{t}>({current} + {value})",
+        "mul": f"static_cast<{t}>({current} * {value})",
+        "max": f"mi_maximum<{t}>({current}, static_cast<{t}>({value}))",
+        "min": f"mi_minimum<{t}>({current}, static_cast<{t}>({value}))",
+    }[mode]
 
 
 def _linear(variables: Sequence[sympy.Symbol], sizes: Sequence[Expr]) -> Expr:

@@ -270,8 +270,8 @@ class CppOps:
     def load(self, name: str, index: Expr) -> str:
         return self.kernel.load(name, index)
 
-    def store(self, name: str, index: Expr, value: str) -> None:
-        self.kernel.store(name, index, value, self.kernel.body)
+    def store(self, name: str, index: Expr, value: str, mode: str | None = None) -> None:
+        self.kernel.store(name, index, value, self.kernel.body, mode)
 
     def store_reduction(self, name: str, index: Expr, value: str) -> None:
         self.kernel.store(name, index, value, self.kernel.suffix)

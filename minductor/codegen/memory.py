@@ -41,7 +41,7 @@ def _key(layout: FixedLayout) -> Key | None:
 def allocated_buffers(unit: Any) -> list[Buffer]:
     """Buffers the wrapper allocates before ``unit`` runs."""
     if isinstance(unit, FusedGroup):
-        return [n.node for n in unit.nodes]
+        return [n.node for n in unit.nodes if not n.node.mutates]
     if isinstance(unit, ExternSchedulerNode) and isinstance(unit.node, ExternKernelOut):
         return [unit.node]
     return []

@@ -197,6 +197,13 @@ class ComputedBuffer(Buffer):
     """A buffer whose contents a generated kernel computes from ``data``."""
 
     data: Loops = None  # type: ignore[assignment]
+    # name of an existing buffer this node writes into instead of its own storage (scatter,
+    # copy_ into an input); the node then owns no memory and ``layout`` is the target's
+    mutates: str | None = None
+    store_mode: str | None = None
+
+    def store_name(self) -> str:
+        return self.mutates or self.name
 
     @property
     def origins(self) -> frozenset[str]:  # type: ignore[override]
@@ -219,6 +226,9 @@ class ComputedBuffer(Buffer):
             if data.output_index is not None:
                 value = value[data.output_index]
             return ops.store_reduction(self.name, out_index, value)
+        if self.mutates is not None:
+            # the body stores itself (its index may be indirect); it returns nothing
+            return data.inner_fn(index)
         return ops.store(self.name, out_index, data.inner_fn(index))
 
     def __str__(self) -> str:

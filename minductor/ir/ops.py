@@ -25,6 +25,9 @@ MEMORY = frozenset({"load", "store", "store_reduction", "index_expr", "indirect_
 OTHER = frozenset({"constant", "to_dtype", "masked", "reduction"})
 ALL_OPS = UNARY | BINARY | TERNARY | MEMORY | OTHER
 
+# combining stores of scatter-like ops; kernels holding one run serially (deterministic)
+STORE_MODES = frozenset({"add", "mul", "max", "min"})
+
 REDUCTION_TYPES = frozenset(
     {"sum", "prod", "max", "min", "argmax", "argmin", "any", "welford_reduce"}
 )
@@ -251,8 +254,9 @@ class Ops:
         """Read buffer ``name`` at flat ``index``; fp16/bf16 read as float32."""
         return V.ops.load(name, index)
 
-    def store(self, name: str, index: sympy.Expr, value: Any) -> Any:
-        return V.ops.store(name, index, value)
+    def store(self, name: str, index: sympy.Expr, value: Any, mode: str | None = None) -> Any:
+        """Write ``value``; ``mode`` in STORE_MODES combines with what is there (scatter)."""
+        return V.ops.store(name, index, value, mode)
 
     def store_reduction(self, name: str, index: sympy.Expr, value: Any) -> Any:
         return V.ops.store_reduction(name, index, value)
@@ -507,8 +511,8 @@ class DefaultHandler:
     def load(self, name: str, index: sympy.Expr) -> Any:
         return self._default("load", (name, index))
 
-    def store(self, name: str, index: sympy.Expr, value: Any) -> Any:
-        return self._default("store", (name, index, value))
+    def store(self, name: str, index: sympy.Expr, value: Any, mode: str | None = None) -> Any:
+        return self._default("store", (name, index, value, mode))
 
     def store_reduction(self, name: str, index: sympy.Expr, value: Any) -> Any:
         return self._default("store_reduction", (name, index, value))

@@ -25,6 +25,7 @@ class Scheduler:
     def __init__(self, graph) -> None:  # noqa: ANN001 - GraphLowering
         self.graph = graph
         self.nodes: list[BaseSchedulerNode] = self.create_nodes()
+        self.compute_dependencies()
         self.eliminate_dead_nodes()
         self.units: list[Unit] = [
             FusedGroup([n], group_outer(n)) if isinstance(n, SchedulerNode) else n for n in self.nodes
@@ -46,6 +47,24 @@ class Scheduler:
                 raise TypeError(f"cannot schedule {buf}")
         return out
 
+    def compute_dependencies(self) -> None:
+        """Order constraints between nodes, in creation (program) order: read-after-write,
+        and for a node that writes into another buffer (a mutation) also write-after-write
+        and write-after-read on that buffer, so later readers see the mutated value."""
+        last_writer: dict[str, str] = {}
+        readers: dict[str, set[str]] = {}
+        for node in self.nodes:
+            node.deps = {last_writer[r] for r in node.read_names() if r in last_writer}
+            target = getattr(node.node, "mutates", None)
+            if target is not None:
+                node.deps |= readers.get(target, set()) - {node.get_name()}
+            for r in node.read_names():
+                readers.setdefault(r, set()).add(node.get_name())
+            written = target or node.get_name()
+            last_writer[written] = node.get_name()
+            if target is not None:
+                readers[target] = set()
+
     def output_names(self) -> set[str]:
         from minductor.ir.nodes import storage_name
 
@@ -56,7 +75,9 @@ class Scheduler:
         live = self.output_names()
         kept: list[BaseSchedulerNode] = []
         for node in reversed(self.nodes):
-            side_effects = isinstance(node, ExternSchedulerNode) and node.has_side_effects()
+            side_effects = (isinstance(node, ExternSchedulerNode) and node.has_side_effects()) or bool(
+                getattr(node.node, "mutates", None)
+            )
             if node.get_name() in live or side_effects:
                 kept.append(node)
                 live |= node.read_names()
@@ -65,17 +86,16 @@ class Scheduler:
         self.nodes = list(reversed(kept))
 
     def dependency_graph(self) -> nx.DiGraph:
-        writer = {}
-        for unit in self.units:
-            for name in unit.write_names():
-                writer[name] = unit
+        unit_of = {}
+        for i, unit in enumerate(self.units):
+            for node in unit.nodes if isinstance(unit, FusedGroup) else [unit]:
+                unit_of[node.get_name()] = i
         g = nx.DiGraph()
         g.add_nodes_from(range(len(self.units)))
-        index = {id(u): i for i, u in enumerate(self.units)}
         for i, unit in enumerate(self.units):
-            for name in unit.read_names():
-                if name in writer and writer[name] is not unit:
-                    g.add_edge(index[id(writer[name])], i)
+            for dep in unit.dep_names():
+                if dep in unit_of and unit_of[dep] != i:
+                    g.add_edge(unit_of[dep], i)
         return g
 
     def topological_sort(self) -> None:

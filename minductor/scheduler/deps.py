@@ -80,8 +80,11 @@ class RecordingHandler(DefaultHandler):
         self.rw.reads.add(self._dep(name, index))
         return "v"
 
-    def store(self, name: str, index: Expr, value: Any) -> Any:
-        self.rw.writes.add(self._dep(name, index))
+    def store(self, name: str, index: Expr, value: Any, mode: str | None = None) -> Any:
+        dep = self._dep(name, index)
+        self.rw.writes.add(dep)
+        if mode is not None:
+            self.rw.reads.add(dep)  # a combining store reads what is there
         return None
 
     def store_reduction(self, name: str, index: Expr, value: Any) -> Any:

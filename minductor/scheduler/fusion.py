@@ -88,7 +88,7 @@ def can_fuse(a: FusedGroup, b: FusedGroup, nodes_between: bool) -> bool:
 
     ``nodes_between``: whether some other group depends on ``a`` and feeds ``b`` (a cycle).
     """
-    if nodes_between:
+    if nodes_between or a.has_mutation() or b.has_mutation():
         return False
     outer = fused_outer(a, b)
     if outer is None:

@@ -18,6 +18,7 @@ class BaseSchedulerNode:
 
     order: int
     node: Buffer
+    deps: set[str]  # scheduler nodes that must run first (set by Scheduler.compute_dependencies)
 
     def get_name(self) -> str:
         return self.node.name
@@ -66,7 +67,11 @@ class SchedulerNode(BaseSchedulerNode):
         return self.node.store_body(full, rfull)
 
     def read_names(self) -> set[str]:
-        return self.read_writes.read_names()
+        names = self.read_writes.read_names()
+        return names | {self.node.mutates} if self.node.mutates else names
+
+    def write_names(self) -> set[str]:
+        return {self.node.store_name()}
 
     def __repr__(self) -> str:
         return f"SchedulerNode({self.node.name}, {self.pw_ranges}x{self.red_ranges})"
@@ -82,6 +87,9 @@ class ExternSchedulerNode(BaseSchedulerNode):
 
     def read_names(self) -> set[str]:
         return {d.name for d in self.reads}
+
+    def dep_names(self) -> set[str]:
+        return self.deps
 
     def has_side_effects(self) -> bool:
         from minductor.ir.nodes import FallbackKernel
@@ -107,10 +115,17 @@ class FusedGroup:
         return [n.node.name for n in self.nodes]
 
     def write_names(self) -> set[str]:
-        return {n.node.name for n in self.nodes}
+        return set().union(*(n.write_names() for n in self.nodes))
 
     def read_names(self) -> set[str]:
-        return set().union(*(n.read_names() for n in self.nodes)) - self.write_names()
+        own = {n.node.name for n in self.nodes if not n.node.mutates}
+        return set().union(*(n.read_names() for n in self.nodes)) - own
+
+    def dep_names(self) -> set[str]:
+        return set().union(*(n.deps for n in self.nodes)) - {n.node.name for n in self.nodes}
+
+    def has_mutation(self) -> bool:
+        return any(n.node.mutates for n in self.nodes)
 
     def has_reduction(self) -> bool:
         return any(n.is_reduction() for n in self.nodes)
