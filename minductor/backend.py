@@ -54,4 +54,5 @@ def minductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs:
         inference_compiler=_compiler("inference"),
         decompositions=decomposition_table(),
         partition_fn=min_cut_rematerialization_partition,
+        keep_inference_input_mutations=True,  # copy_ into inputs is lowered in the graph
     )(gm, example_inputs)

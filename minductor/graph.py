@@ -47,6 +47,26 @@ class GraphLowering(torch.fx.Interpreter):
             return self.name_to_buffer[name]
         return self.graph_inputs[name]
 
+    def realize_pending_readers(self, name: str) -> None:
+        """Before ``name`` is mutated, compute every still-needed lazy value that reads it,
+        so it sees the old contents (lazy bodies are evaluated where they are used)."""
+        from minductor.ir.nodes import Loops
+        from minductor.scheduler.deps import RecordingHandler
+
+        for node, value in self.env.items():
+            if not isinstance(value, TensorBox) or all(user in self.env for user in node.users):
+                continue
+            storage = value.data
+            while not isinstance(storage, StorageBox) and hasattr(storage, "base"):
+                storage = storage.base
+            if not isinstance(storage, StorageBox) or not isinstance(storage.data, Loops):
+                continue
+            recorder = RecordingHandler({})
+            with V.set_ops(recorder):
+                storage.data._run_for_count()
+            if name in recorder.rw.read_names():
+                storage.realize()
+
     def register_callable(self, fn: Any, hint: str) -> str:
         """Make ``fn`` callable from the wrapper under a fresh name (returned)."""
         name = f"{hint}_{len(self.callables)}"
@@ -167,7 +187,7 @@ def unsupported_reason(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
             return "symbolic sizes (dynamic shapes are not supported yet)"
     for node in gm.graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-            if node.target._schema.is_mutable:
+            if node.target._schema.is_mutable and node.target is not torch.ops.aten.copy_.default:
                 return f"in-graph mutation by {node.target}"
         val = node.meta.get("val")
         for v in torch.utils._pytree.tree_leaves(val):

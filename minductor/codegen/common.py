@@ -83,12 +83,20 @@ class KernelCode:
 
 @dataclasses.dataclass
 class KernelArgs:
-    """Buffers a kernel touches, named ``in_ptrN`` / ``out_ptrN`` in call order."""
+    """Buffers a kernel touches, named ``in_ptrN`` / ``out_ptrN`` / ``in_out_ptrN`` (read and
+    written by the same kernel, e.g. a scatter or an in-place update) in call order."""
 
     inputs: dict[str, str] = dataclasses.field(default_factory=dict)
     outputs: dict[str, str] = dataclasses.field(default_factory=dict)
+    inplace: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def declare_inplace(self, names: set[str]) -> None:
+        for name in sorted(names):
+            self.inplace[name] = f"in_out_ptr{len(self.inplace)}"
 
     def input(self, name: str) -> str:
+        if name in self.inplace:
+            return self.inplace[name]
         if name in self.outputs:
             return self.outputs[name]
         if name not in self.inputs:
@@ -96,15 +104,19 @@ class KernelArgs:
         return self.inputs[name]
 
     def output(self, name: str) -> str:
+        if name in self.inplace:
+            return self.inplace[name]
         if name not in self.outputs:
             self.outputs[name] = f"out_ptr{len(self.outputs)}"
         return self.outputs[name]
 
     def call_order(self) -> list[tuple[str, str, bool]]:
-        """(buffer name, arg name, is_output) in signature order."""
-        return [(b, a, False) for b, a in self.inputs.items() if b not in self.outputs] + [
-            (b, a, True) for b, a in self.outputs.items()
-        ]
+        """(buffer name, arg name, is_written) in signature order."""
+        return (
+            [(b, a, True) for b, a in self.inplace.items()]
+            + [(b, a, False) for b, a in self.inputs.items() if b not in self.outputs]
+            + [(b, a, True) for b, a in self.outputs.items()]
+        )
 
 
 class CodeBuffer:

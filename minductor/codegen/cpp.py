@@ -200,6 +200,9 @@ class CppKernel:
         return loops
 
     def generate(self) -> str:
+        # a buffer both read and written here (mutation targets) gets one in_out pointer
+        reads = set().union(*(n.read_writes.read_names() for n in self.group.nodes))
+        self.args.declare_inplace({n.node.mutates for n in self.group.nodes if n.node.mutates} & reads)
         outer = list(self.group.outer)
         n_outer = len(outer)
         loops = self.split_loops()

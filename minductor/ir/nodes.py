@@ -219,16 +219,16 @@ class ComputedBuffer(Buffer):
 
     def store_body(self, index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
         """Run the body under the current handler, storing into this buffer."""
-        out_index = self.layout.make_indexer()(index)
         data = self.data
+        if self.mutates is not None:
+            # the body stores itself (its index may be indirect); it returns nothing
+            return data.inner_fn(index)
+        out_index = self.layout.make_indexer()(index)
         if isinstance(data, Reduction):
             value = ops.reduction(data.dtype, data.src_dtype, data.reduction_type, data.inner_fn(index, rindex))
             if data.output_index is not None:
                 value = value[data.output_index]
             return ops.store_reduction(self.name, out_index, value)
-        if self.mutates is not None:
-            # the body stores itself (its index may be indirect); it returns nothing
-            return data.inner_fn(index)
         return ops.store(self.name, out_index, data.inner_fn(index))
 
     def __str__(self) -> str:

@@ -1,0 +1,219 @@
+"""Indirect writes: index_put, scatter, scatter_add/reduce, index_add/copy/fill, and copy_
+into graph inputs.
+
+Each is a clone of ``self`` realized into a buffer, then a *mutation* node: a loop over the
+source positions that stores into that buffer at indirectly computed indices (combining
+with what is there for accumulate/reduce). Kernels holding such a store run serially, in
+eager's order, so duplicates resolve as in eager and accumulation is deterministic.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import sympy
+import torch
+
+from minductor.ir.nodes import Buffer, ComputedBuffer, Pointwise, StorageBox, TensorBox
+from minductor.ir.ops import ops
+from minductor.ir.views import realize_input
+from minductor.lowering.pointwise import clone
+from minductor.lowering.registry import Unsupported, aten, broadcast_shapes, expand_to, is_tensor, register_lowering, to_dtype
+from minductor.virtualized import V
+
+Expr = sympy.Expr
+
+
+def _fresh_buffer(x: TensorBox) -> tuple[TensorBox, Buffer]:
+    """A realized copy of ``x`` that a scatter may write into."""
+    out = clone(x)
+    assert isinstance(out.data, StorageBox)
+    buf = out.data.realize()
+    buf.freeze_layout()
+    return out, buf
+
+
+def _mutate(target: Buffer, ranges: Sequence[Expr], body: Callable[[Sequence[Expr]], None], origin: str) -> None:
+    """Register a node looping over ``ranges`` whose ``body(index)`` stores into ``target``."""
+    node = ComputedBuffer(
+        name="", layout=target.layout,
+        data=Pointwise(target.get_device(), target.get_dtype(), body, list(ranges), origins=frozenset({origin})),
+        mutates=target.name,
+    )
+    V.graph.register_buffer(node)
+
+
+def _value_loader(value: Any, size: Sequence[Expr], dtype: torch.dtype) -> Callable[[Sequence[Expr]], Any]:
+    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    if is_tensor(value):
+        load = expand_to(to_dtype(value, dtype), size).make_loader()
+        return load
+    return lambda index: ops.constant(value, compute)
+
+
+def _dim(d: int, ndim: int) -> int:
+    return d + ndim if d < 0 else d
+
+
+@register_lowering(aten.index_put)
+def index_put(x: TensorBox, indices: Sequence[Any], values: Any, accumulate: bool = False) -> TensorBox:
+    if any(is_tensor(i) and i.get_dtype() in (torch.bool, torch.uint8) for i in indices):
+        raise Unsupported("index_put with a boolean mask (data-dependent shape)")
+    if not all(i is None or is_tensor(i) for i in indices):
+        raise Unsupported("index_put with non-tensor indices")
+    size = x.get_size()
+    ndim = len(size)
+    indexed = [d for d, i in enumerate(indices) if i is not None]
+    if not indexed:
+        raise Unsupported("index_put without index tensors")
+    index_shape = broadcast_shapes(*[indices[d].get_size() for d in indexed])
+    adjacent = indexed == list(range(indexed[0], indexed[-1] + 1))
+    lead = indexed[0] if adjacent else 0
+    rest = [d for d in range(ndim) if d not in indexed]
+    before = [d for d in rest if d < lead] if adjacent else []
+    after = [d for d in rest if d not in before]
+    result_size = [size[d] for d in before] + list(index_shape) + [size[d] for d in after]
+    out, buf = _fresh_buffer(x)
+    loaders = {d: expand_to(indices[d], index_shape).make_loader() for d in indexed}
+    value_load = _value_loader(values, result_size, x.get_dtype())
+    indexer = buf.layout.make_indexer()
+    n_before, n_index = len(before), len(index_shape)
+    mode = "add" if accumulate else None
+
+    def body(index: Sequence[Expr]) -> None:
+        ipart = list(index[n_before:n_before + n_index])
+        full: list[Expr] = [sympy.Integer(0)] * ndim
+        for d, v in zip(before, index[:n_before]):
+            full[d] = v
+        for d, v in zip(after, index[n_before + n_index:]):
+            full[d] = v
+        for d in indexed:
+            full[d] = ops.indirect_indexing(loaders[d](ipart), size[d])
+        ops.store(buf.name, indexer(full), value_load(index), mode)
+
+    _mutate(buf, result_size, body, "index_put")
+    return out
+
+
+def _scatter(x: TensorBox, dim: int, index: TensorBox, src: Any, mode: str | None, origin: str) -> TensorBox:
+    size = x.get_size()
+    dim = _dim(dim, len(size))
+    if len(size) == 0:
+        raise Unsupported("scatter into a 0-d tensor")
+    out, buf = _fresh_buffer(x)
+    index_load = index.make_loader()
+    ranges = index.get_size()
+    if is_tensor(src):
+        src_load = to_dtype(src, x.get_dtype()).make_loader()
+    else:
+        src_load = _value_loader(src, ranges, x.get_dtype())
+    indexer = buf.layout.make_indexer()
+
+    def body(idx: Sequence[Expr]) -> None:
+        full = list(idx)
+        full[dim] = ops.indirect_indexing(index_load(idx), size[dim])
+        ops.store(buf.name, indexer(full), src_load(idx), mode)
+
+    _mutate(buf, ranges, body, origin)
+    return out
+
+
+@register_lowering(aten.scatter.src, aten.scatter.value)
+def scatter(x: TensorBox, dim: int, index: TensorBox, src: Any) -> TensorBox:
+    return _scatter(x, dim, index, src, None, "scatter")
+
+
+@register_lowering(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_reduce_legacy(x: TensorBox, dim: int, index: TensorBox, src: Any, reduce: str) -> TensorBox:
+    modes = {"add": "add", "multiply": "mul"}
+    if reduce not in modes:
+        raise Unsupported(f"scatter reduce={reduce!r}")
+    return _scatter(x, dim, index, src, modes[reduce], "scatter")
+
+
+@register_lowering(aten.scatter_add)
+def scatter_add(x: TensorBox, dim: int, index: TensorBox, src: TensorBox) -> TensorBox:
+    return _scatter(x, dim, index, src, "add", "scatter_add")
+
+
+@register_lowering(aten.scatter_reduce.two)
+def scatter_reduce(x: TensorBox, dim: int, index: TensorBox, src: TensorBox, reduce: str, *, include_self: bool = True) -> TensorBox:
+    modes = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
+    if reduce not in modes or not include_self:
+        raise Unsupported(f"scatter_reduce reduce={reduce!r} include_self={include_self}")
+    return _scatter(x, dim, index, src, modes[reduce], "scatter_reduce")
+
+
+def _index_along(x: TensorBox, dim: int, index: TensorBox, source: Any, ranges: Sequence[Expr], mode: str | None, origin: str,
+                 scale: Any = None) -> TensorBox:
+    size = x.get_size()
+    dim = _dim(dim, max(len(size), 1))
+    if len(size) == 0 or len(index.get_size()) != 1:
+        raise Unsupported(f"{origin} on a 0-d tensor or with a non-1-d index")
+    out, buf = _fresh_buffer(x)
+    index_load = index.make_loader()
+    if is_tensor(source):
+        src_load = to_dtype(source, x.get_dtype()).make_loader()
+    else:
+        src_load = _value_loader(source, ranges, x.get_dtype())
+    indexer = buf.layout.make_indexer()
+
+    def body(idx: Sequence[Expr]) -> None:
+        full = list(idx)
+        full[dim] = ops.indirect_indexing(index_load([idx[dim]]), size[dim])
+        value = src_load(idx)
+        if scale is not None:
+            value = ops.mul(value, scale(value))
+        ops.store(buf.name, indexer(full), value, mode)
+
+    _mutate(buf, ranges, body, origin)
+    return out
+
+
+@register_lowering(aten.index_add)
+def index_add(x: TensorBox, dim: int, index: TensorBox, source: TensorBox, *, alpha: Any = 1) -> TensorBox:
+    compute = torch.float32 if x.get_dtype() in (torch.float16, torch.bfloat16) else x.get_dtype()
+    scale = None if alpha == 1 else (lambda v: ops.constant(alpha, compute))
+    return _index_along(x, dim, index, source, source.get_size(), "add", "index_add", scale)
+
+
+@register_lowering(aten.index_copy)
+def index_copy(x: TensorBox, dim: int, index: TensorBox, source: TensorBox) -> TensorBox:
+    return _index_along(x, dim, index, source, source.get_size(), None, "index_copy")
+
+
+@register_lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(x: TensorBox, dim: int, index: TensorBox, value: Any) -> TensorBox:
+    size = list(x.get_size())
+    if len(size) == 0:
+        raise Unsupported("index_fill on a 0-d tensor")
+    d = _dim(dim, len(size))
+    ranges = size[:d] + list(index.get_size()) + size[d + 1:]
+    if is_tensor(value) and len(value.get_size()) != 0:
+        raise Unsupported("index_fill with a non-scalar tensor value")
+    return _index_along(x, d, index, value, ranges, None, "index_fill")
+
+
+@register_lowering(aten.copy_.default)
+def copy_(dst: TensorBox, src: Any, non_blocking: bool = False) -> TensorBox:
+    """Write ``src`` into a graph input (an input mutation kept in the graph by AOT)."""
+    target = realize_input(dst)
+    if not isinstance(target, Buffer) or target.name not in V.graph.graph_inputs:
+        raise Unsupported("copy_ into something other than a whole graph input")
+    V.graph.realize_pending_readers(target.name)
+    size = target.get_size()
+    load = _value_loader(src, size, target.get_dtype())
+    indexer = target.layout.make_indexer()
+
+    def body(index: Sequence[Expr]) -> None:
+        ops.store(target.name, indexer(index), load(index))
+
+    _mutate(target, size, body, "copy_")
+    return dst
+
+
+@register_lowering(aten.copy.default)
+def copy(dst: TensorBox, src: Any, non_blocking: bool = False) -> TensorBox:
+    """Functional copy: ``src`` broadcast and cast to ``dst``'s shape and dtype."""
+    if not is_tensor(src):
+        raise Unsupported("copy from a non-tensor")
+    return clone(expand_to(to_dtype(src, dst.get_dtype()), dst.get_size()))
