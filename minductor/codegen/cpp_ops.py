@@ -263,6 +263,9 @@ class CppOps:
     def right_shift(self, a: str, b: str) -> str:
         return self._cse(f"mi_shr<{_t(a)}>({a}, {b})")
 
+    def fma(self, a: str, b: str, c: str) -> str:
+        return self._cse(f"mi_fma<{_t(a)}>({a}, {b}, {c})")
+
     def where(self, cond: str, a: str, b: str) -> str:
         return self._cse(f"{cond} ? {a} : static_cast<{_t(a)}>({b})")
 

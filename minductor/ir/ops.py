@@ -20,7 +20,7 @@ from minductor.virtualized import V
 
 UNARY = frozenset({"abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "sigmoid", "relu", "floor", "ceil", "trunc", "round", "sign", "reciprocal", "square", "logical_not", "bitwise_not", "isnan", "isinf", "signbit", "lgamma"})
 BINARY = frozenset({"add", "sub", "mul", "truediv", "floordiv", "truncdiv", "mod", "fmod", "pow", "maximum", "minimum", "atan2", "hypot", "copysign", "nextafter", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"})
-TERNARY = frozenset({"where"})
+TERNARY = frozenset({"where", "fma"})
 MEMORY = frozenset({"load", "store", "store_reduction", "index_expr", "indirect_indexing"})
 OTHER = frozenset({"constant", "to_dtype", "masked", "reduction"})
 ALL_OPS = UNARY | BINARY | TERNARY | MEMORY | OTHER
@@ -249,6 +249,10 @@ class Ops:
 
     def where(self, cond: Any, a: Any, b: Any) -> Any:
         return V.ops.where(cond, a, b)
+
+    def fma(self, a: Any, b: Any, c: Any) -> Any:
+        """``a * b + c`` with one rounding."""
+        return V.ops.fma(a, b, c)
 
     def load(self, name: str, index: sympy.Expr) -> Any:
         """Read buffer ``name`` at flat ``index``; fp16/bf16 read as float32."""
@@ -507,6 +511,9 @@ class DefaultHandler:
 
     def where(self, cond: Any, a: Any, b: Any) -> Any:
         return self._default("where", (cond, a, b))
+
+    def fma(self, a: Any, b: Any, c: Any) -> Any:
+        return self._default("fma", (a, b, c))
 
     def load(self, name: str, index: sympy.Expr) -> Any:
         return self._default("load", (name, index))

@@ -374,3 +374,8 @@ def nan_to_num(x: TensorBox, nan: float | None = None, posinf: float | None = No
         return ops.where(ops.eq(v, c(-math.inf)), c(neg_v), v)
 
     return make_pointwise(body, name="nan_to_num")(x)
+
+
+@register_lowering(prims.fma)
+def fma(a: Any, b: Any, c: Any) -> TensorBox:
+    return make_pointwise(ops.fma, name="fma")(a, b, c)

@@ -116,6 +116,11 @@ template <typename T> static inline T mi_pow(T a, T b) {
         return result;
     }
 }
+template <typename T> static inline T mi_fma(T a, T b, T c) {
+    if constexpr (mi_same<T, float>::value) return __builtin_fmaf(a, b, c);
+    else if constexpr (mi_same<T, double>::value) return __builtin_fma(a, b, c);
+    else return static_cast<T>(a * b + c);
+}
 template <typename T> static inline T mi_sign(T a) {
     if constexpr (mi_is_float<T>::value) {
         if (a != a) return a;
