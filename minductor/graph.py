@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from typing import Any, Callable, Sequence
 
@@ -15,6 +16,7 @@ from minductor.ir.nodes import Buffer, IRNode, InputBuffer, StorageBox, TensorBo
 from minductor.ir.views import ReinterpretView, realize_input
 from minductor.lowering import SUPPORTED_DTYPES, Unsupported, lowerings
 from minductor.lowering.extern import fallback
+from minductor.sizevars import SizeVars, to_expr
 from minductor.virtualized import V
 
 log = logging.getLogger("minductor")
@@ -35,6 +37,8 @@ class GraphLowering(torch.fx.Interpreter):
         self.graph_outputs: list[IRNode | None] = []
         self.current_node: torch.fx.Node | None = None
         self._input_index = 0
+        self.sizevars = SizeVars(example_inputs)
+        self.symbol_inputs: dict[str, sympy.Expr] = {}  # SymInt graph inputs, by placeholder name
 
     def register_buffer(self, buf: Buffer) -> str:
         buf.name = f"buf{len(self.buffers)}"
@@ -103,9 +107,14 @@ class GraphLowering(torch.fx.Interpreter):
         self._input_index += 1
         name = self.current_node.name
         self.graph_input_names.append(name)
+        if isinstance(example, torch.SymInt):
+            expr = to_expr(example)
+            self.symbol_inputs[name] = expr
+            return expr
         if not isinstance(example, torch.Tensor):
             return example
-        layout = FixedLayout(example.device, example.dtype, tuple(as_exprs(example.shape)), tuple(as_exprs(example.stride())))
+        layout = FixedLayout(example.device, example.dtype, tuple(to_expr(s) for s in example.shape),
+                             tuple(to_expr(s) for s in example.stride()))
         buf = InputBuffer(name=name, layout=layout)
         self.graph_inputs[name] = buf
         return TensorBox(StorageBox(buf))
@@ -120,6 +129,8 @@ class GraphLowering(torch.fx.Interpreter):
                 log.debug("falling back for %s: %s", target, e)
         if target.__module__ == "_operator" and target.__name__ == "getitem":
             return args[0][args[1]]
+        if target in SYMBOLIC_OPS:
+            return SYMBOLIC_OPS[target](*args, **kwargs)
         return fallback(target, args, kwargs, val)
 
     def output(self, target: str, args: Any, kwargs: Any) -> Any:
@@ -138,6 +149,35 @@ class GraphLowering(torch.fx.Interpreter):
                 if isinstance(meta, torch.Tensor):
                     _adopt_strides(value.data.data, meta)
         return realize_input(value)
+
+
+def _sym_size(x: IRNode, dim: int) -> sympy.Expr:
+    return x.get_size()[dim]
+
+
+def _sym_stride(x: IRNode, dim: int) -> sympy.Expr:
+    return realize_input(x).get_stride()[dim]
+
+
+def _floordiv(a: Any, b: Any) -> Any:
+    from minductor.ir.indexing import FloorDiv
+
+    if isinstance(a, int) and isinstance(b, int):
+        return a // b
+    return FloorDiv(sympy.sympify(a), sympy.sympify(b))
+
+
+# size arithmetic in graphs with symbolic shapes, evaluated on SymPy expressions
+SYMBOLIC_OPS: dict[Any, Callable[..., Any]] = {
+    torch.ops.aten.sym_size.int: _sym_size,
+    torch.ops.aten.sym_stride.int: _sym_stride,
+    torch.ops.aten.sym_numel.default: lambda x: x.get_numel(),
+    operator.add: operator.add,
+    operator.sub: operator.sub,
+    operator.mul: operator.mul,
+    operator.floordiv: _floordiv,
+    operator.neg: operator.neg,
+}
 
 
 def _adopt_strides(buf: Buffer, meta: torch.Tensor) -> None:
@@ -179,21 +219,36 @@ def _dtypes_supported(args: Any, kwargs: Any, val: Any) -> bool:
 def unsupported_reason(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
     """Why this graph runs as plain aten instead (None when minductor compiles it)."""
     for x in example_inputs:
+        if isinstance(x, torch.SymInt):
+            if _unbacked(x):
+                return f"data-dependent size {x}"
+            continue
         if not isinstance(x, torch.Tensor):
-            return f"non-tensor graph input {type(x).__name__} (symbolic sizes are not supported yet)"
+            return f"non-tensor graph input {type(x).__name__}"
         if x.device.type != "cpu":
             return f"input on {x.device} (only CPU kernels are generated so far)"
-        if any(not isinstance(s, int) for s in x.shape) or any(not isinstance(s, int) for s in x.stride()):
-            return "symbolic sizes (dynamic shapes are not supported yet)"
+        if any(_unbacked(s) for s in (*x.shape, *x.stride(), x.storage_offset())):
+            return "data-dependent input size"
+        if isinstance(x.storage_offset(), torch.SymInt):
+            return "symbolic storage offset"
     for node in gm.graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             if node.target._schema.is_mutable and node.target is not torch.ops.aten.copy_.default:
                 return f"in-graph mutation by {node.target}"
         val = node.meta.get("val")
         for v in torch.utils._pytree.tree_leaves(val):
-            if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape)):
-                return f"symbolic value produced by {node.format_node()}"
+            if isinstance(v, (torch.SymFloat, torch.SymBool)) or _unbacked(v):
+                return f"data-dependent value produced by {node.format_node()}"
+            if isinstance(v, torch.Tensor) and any(_unbacked(s) for s in v.shape):
+                return f"data-dependent shape produced by {node.format_node()}"
     return None
+
+
+def _unbacked(v: Any) -> bool:
+    """A size with no value at compile time (from .item(), nonzero...): not supported."""
+    if not isinstance(v, torch.SymInt):
+        return False
+    return any(str(s).startswith("u") for s in v.node.expr.free_symbols)
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[[list[Any]], Any]:

@@ -61,6 +61,30 @@ def cpp_index(expr: Expr) -> str:
     raise NotImplementedError(f"cannot print index expression {expr} ({type(expr).__name__})")
 
 
+def py_index(expr: Expr) -> str:
+    """Print an integer size expression as Python (for the wrapper)."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return str(int(expr))
+    if expr.is_Symbol:
+        return expr.name
+    if expr.is_Add:
+        return " + ".join(py_index(a) for a in sorted(expr.args, key=sympy.default_sort_key))
+    if expr.is_Mul:
+        return "*".join(_paren(py_index(a)) for a in expr.args)
+    if isinstance(expr, FloorDiv):
+        return f"({py_index(expr.args[0])}) // {_paren(py_index(expr.args[1]))}"
+    if isinstance(expr, ModularIndexing):
+        base, div, mod = (py_index(a) for a in expr.args)
+        return f"((({base}) // {_paren(div)}) % {_paren(mod)})"
+    if expr.is_Pow and expr.exp.is_Integer and expr.exp > 0:
+        return f"{_paren(py_index(expr.base))}**{int(expr.exp)}"
+    if isinstance(expr, (sympy.Max, sympy.Min)):
+        fn = "max" if isinstance(expr, sympy.Max) else "min"
+        return f"{fn}({', '.join(py_index(a) for a in expr.args)})"
+    raise NotImplementedError(f"cannot print size expression {expr} ({type(expr).__name__})")
+
+
 def _paren(s: str) -> str:
     return s if s.replace("_", "").isalnum() else f"({s})"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any, Callable, Sequence
 
 import sympy
@@ -217,7 +218,7 @@ class CppKernel:
         )
         outer_numel = sympy.Mul(*outer) if outer else sympy.Integer(1)
         inner_work = sum((sympy.Mul(*(lp.pw_inner + lp.red)) for lp in loops), sympy.Integer(0))
-        work = int(outer_numel * max(inner_work, 1))
+        work = V.graph.sizevars.hint(outer_numel * sympy.Max(inner_work, 1))
         # a scatter (indirect or combining store) runs serially: no races, eager's order
         parallel = work >= PARALLEL_THRESHOLD and not any(n.node.mutates for n in self.group.nodes)
         code = CodeBuffer()
@@ -524,6 +525,11 @@ class CppKernel:
             ctype = CPP_STORAGE_TYPES[V.graph.get_dtype(buf)]
             params.append(f"{ctype}* __restrict__ {arg}" if is_out else f"const {ctype}* __restrict__ {arg}")
             names.append(arg)
+        # symbolic sizes (Dynamo's s0, s1...) are passed as int64_t arguments
+        text = "\n".join(code.lines + [ln for _, _, block in self.helpers for ln in block.lines])
+        self.size_args = sorted(set(re.findall(r"\b[su]\d+\b", text)), key=lambda s: (s[0], int(s[1:])))
+        params += [f"const int64_t {s}" for s in self.size_args]
+        names += self.size_args
         out = CodeBuffer()
         out.writeline('#include "minductor_prelude.h"')
         out.writeline("")

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from minductor.codegen.common import py_index
 from minductor.ir.layout import FixedLayout
 from minductor.ir.nodes import Buffer, ComputedBuffer, ExternKernelOut, FallbackKernel
 from minductor.scheduler.nodes import ExternSchedulerNode, FusedGroup
@@ -27,7 +28,7 @@ class UnitPlan:
 
 
 def _shape(values: Any) -> str:
-    items = [str(int(v)) for v in values]
+    items = [py_index(v) for v in values]
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 

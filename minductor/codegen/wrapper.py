@@ -10,7 +10,7 @@ import sympy
 import torch
 
 from minductor import config, metrics
-from minductor.codegen.common import CodeBuffer, KernelCode
+from minductor.codegen.common import CodeBuffer, KernelCode, py_index
 from minductor.codegen.cpp import CppKernel, kernel_name
 from minductor.codegen.memory import plan_memory
 from minductor.ir.nodes import (
@@ -42,12 +42,13 @@ def codegen_kernel(group: FusedGroup, index: int) -> KernelCode:
     name = kernel_name(group, index)
     kernel = CppKernel(group, name)
     source = kernel.generate()
-    call_args = ", ".join(f"c_void_p({buf}.data_ptr())" for buf, _, _ in kernel.args.call_order())
-    return KernelCode(name, "cpp", source, f"{name}({call_args})", ".cpp")
+    call_args = [f"c_void_p({buf}.data_ptr())" for buf, _, _ in kernel.args.call_order()]
+    call_args += [f"c_int64({s})" for s in kernel.size_args]
+    return KernelCode(name, "cpp", source, f"{name}({', '.join(call_args)})", ".cpp")
 
 
 def _shape(values: Any) -> str:
-    items = [str(int(v)) for v in values]
+    items = [py_index(v) for v in values]
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
@@ -55,7 +56,7 @@ def py_arg(obj: Any) -> str:
     """Python source for an extern call argument."""
     if isinstance(obj, ReinterpretView):
         lay = obj.layout
-        return f"reinterpret_tensor({obj.data.name}, {_shape(lay.size)}, {_shape(lay.stride)}, {int(lay.offset)})"
+        return f"reinterpret_tensor({obj.data.name}, {_shape(lay.size)}, {_shape(lay.stride)}, {py_index(lay.offset)})"
     if isinstance(obj, Buffer):
         return obj.name
     if isinstance(obj, IRNode):
@@ -73,8 +74,8 @@ def py_arg(obj: Any) -> str:
         return f"float({str(obj)!r})" if (math.isinf(obj) or math.isnan(obj)) else repr(obj)
     if isinstance(obj, (bool, int, str)) or obj is None:
         return repr(obj)
-    if isinstance(obj, sympy.Integer):
-        return str(int(obj))
+    if isinstance(obj, sympy.Expr):
+        return py_index(obj)
     raise WrapperCodegenError(f"cannot pass {type(obj).__name__} to an extern call")
 
 
@@ -84,10 +85,13 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
     inputs = graph.graph_input_names
     body.writeline(f"{', '.join(inputs)}{',' if len(inputs) == 1 else ''} = args" if inputs else "pass")
     body.writeline("args.clear()")
+    _bind_sizes(body, graph)
     for name in inputs:
         buf = graph.graph_inputs.get(name)
         if buf is not None:
-            body.writeline(f"assert_size_stride({name}, {_shape(buf.layout.size)}, {_shape(buf.layout.stride)}, {name!r})")
+            size = tuple(int(s) if s.is_Integer else None for s in buf.layout.size)
+            stride = tuple(int(s) if s.is_Integer else None for s in buf.layout.stride)
+            body.writeline(f"assert_size_stride({name}, {size}, {stride}, {name!r})")
     outputs = scheduler.output_names()
     plans = plan_memory(graph, scheduler.units, scheduler.last_use, outputs)
     for unit, plan in zip(scheduler.units, plans):
@@ -105,6 +109,24 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
     body.writeline(f"return ({', '.join(rets)}{',' if len(rets) == 1 else ''})")
     constants = dict(graph.constants) | dict(graph.callables)
     return WrapperModule(_render_module(body, kernels, sorted(constants)), kernels, constants)
+
+
+def _bind_sizes(body: CodeBuffer, graph: Any) -> None:
+    """Bind each size symbol once: from a SymInt input, or from an input tensor's size/stride."""
+    bound: set[str] = set()
+    for name, expr in graph.symbol_inputs.items():
+        if expr.is_Symbol and expr.name not in bound:
+            body.writeline(f"{expr.name} = {name}")
+            bound.add(expr.name)
+    for name in graph.graph_input_names:
+        buf = graph.graph_inputs.get(name)
+        if buf is None:
+            continue
+        for method, values in (("size", buf.layout.size), ("stride", buf.layout.stride)):
+            for dim, expr in enumerate(values):
+                if expr.is_Symbol and expr.name not in bound:
+                    body.writeline(f"{expr.name} = {name}.{method}({dim})")
+                    bound.add(expr.name)
 
 
 def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode, graph: Any) -> None:
@@ -146,7 +168,7 @@ def _render_module(body: CodeBuffer, kernels: list[KernelCode], constants: list[
     out = CodeBuffer()
     out.writeline("# minductor generated wrapper")
     out.writeline("import torch")
-    out.writeline("from ctypes import c_void_p")
+    out.writeline("from ctypes import c_int64, c_void_p")
     out.writeline("from minductor.runtime.cache import compile_and_load_many")
     out.writeline("from minductor.runtime.helpers import assert_size_stride, reinterpret_tensor")
     out.writeline("")

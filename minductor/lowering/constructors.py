@@ -189,8 +189,8 @@ def _bind(load: Any, index: list[Expr]) -> Any:
 
 def _in_part(i: Expr, start: Expr, k: int, offsets: list[Expr], total: Expr) -> Any:
     end = offsets[k + 1] if k + 1 < len(offsets) else total
-    lo = ops.ge(ops.index_expr(i, torch.int64), ops.constant(int(start), torch.int64))
-    hi = ops.lt(ops.index_expr(i, torch.int64), ops.constant(int(end), torch.int64))
+    lo = ops.ge(ops.index_expr(i, torch.int64), ops.index_expr(start, torch.int64))
+    hi = ops.lt(ops.index_expr(i, torch.int64), ops.index_expr(end, torch.int64))
     return ops.logical_and(lo, hi)
 
 

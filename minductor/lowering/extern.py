@@ -11,11 +11,13 @@ from minductor.ir.layout import FixedLayout, as_exprs
 from minductor.ir.nodes import ExternKernelOut, FallbackKernel, IRNode, MultiOutput, TensorBox
 from minductor.ir.views import realize_input
 from minductor.lowering.registry import aten, register_lowering
+from minductor.sizevars import to_expr
 from minductor.virtualized import V
 
 
 def layout_of(val: torch.Tensor) -> FixedLayout:
-    return FixedLayout(val.device, val.dtype, tuple(as_exprs(val.shape)), tuple(as_exprs(val.stride())), as_exprs([val.storage_offset()])[0])
+    """The layout of a fake result; a buffer's offset is 0 (wrapper tensors start there)."""
+    return FixedLayout(val.device, val.dtype, tuple(to_expr(s) for s in val.shape), tuple(to_expr(s) for s in val.stride()))
 
 
 def _realize_args(obj: Any) -> Any:

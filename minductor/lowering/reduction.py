@@ -113,7 +113,7 @@ def mean(x: TensorBox, dims: Any = None, keepdim: bool = False, dtype: torch.dty
     total = make_reduction(to_dtype(x, out_dtype), dims, keepdim, "sum", out_dtype)
     size = x.get_size()
     count = sympy.Mul(*[size[d] for d in _dims(dims, len(size))]) if size else sympy.Integer(1)
-    return div(total, float(count))
+    return div(total, float(count) if count.is_number else count)
 
 
 @register_lowering(aten.amax)
@@ -204,13 +204,20 @@ def _correction(correction: Any, unbiased: Any = None) -> float:
 @register_lowering(aten.var.correction)
 def var(x: TensorBox, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> TensorBox:
     _, m2, count = _welford(x, dims, keepdim)
-    return div(m2, max(float(count) - _correction(correction), 0.0))
+    return div(m2, _dof(count, correction))
 
 
 @register_lowering(aten.var_mean.correction)
 def var_mean(x: TensorBox, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> tuple[TensorBox, TensorBox]:
     mean_, m2, count = _welford(x, dims, keepdim)
-    return div(m2, max(float(count) - _correction(correction), 0.0)), mean_
+    return div(m2, _dof(count, correction)), mean_
+
+
+def _dof(count: Expr, correction: Any) -> Any:
+    """Degrees of freedom, ``max(count - correction, 0)``, as a number or a size expression."""
+    if count.is_number:
+        return max(float(count) - _correction(correction), 0.0)
+    return sympy.Max(count - int(_correction(correction)), 0)
 
 
 __all__ = ["make_reduction", "mul", "sub"]

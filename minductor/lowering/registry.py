@@ -59,6 +59,8 @@ def is_tensor(x: Any) -> bool:
 
 
 def _promotion_proxy(x: Any) -> Any:
+    if isinstance(x, sympy.Expr):
+        return 1 if x.is_integer else 1.0
     if is_tensor(x):
         shape = () if len(x.get_size()) == 0 else (1,)
         return torch.empty(shape, dtype=x.get_dtype())
@@ -126,6 +128,8 @@ def device_of(args: Sequence[Any]) -> torch.device:
 
 
 def scalar_loader(value: Any, dtype: torch.dtype) -> Callable[[Sequence[Expr]], Any]:
+    if isinstance(value, sympy.Expr) and not value.is_number:
+        return lambda index: ops.index_expr(value, dtype)  # a symbolic size used as a value
     if dtype == torch.bool:
         value = bool(value)
     elif not dtype.is_floating_point:

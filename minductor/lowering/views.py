@@ -27,8 +27,8 @@ def infer_size(size: Sequence[Any], numel: Expr) -> list[Expr]:
     size = list(size)
     if -1 in size:
         i = size.index(-1)
-        known = sympy.Mul(*[s for j, s in enumerate(size) if j != i]) if len(size) > 1 else sympy.Integer(1)
-        size[i] = numel / known if known != 0 else sympy.Integer(0)
+        known = sympy.Mul(*[sympy.sympify(s) for j, s in enumerate(size) if j != i]) if len(size) > 1 else sympy.Integer(1)
+        size[i] = FloorDiv(sympy.sympify(numel), known) if known != 0 else sympy.Integer(0)
     return as_exprs(size)
 
 
@@ -175,16 +175,36 @@ def select(x: TensorBox, dim: int, index: int) -> TensorBox:
 def slice_(x: TensorBox, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> TensorBox:
     old = x.get_size()
     dim = _dim(dim, len(old))
-    size = int(old[dim])
-    start, end, _ = slice(start, end, step).indices(size) if step > 0 else (0, 0, 1)
     if step <= 0:
         raise Unsupported("slice step must be positive")
-    length = max(0, (end - start + step - 1) // step)
+    size = old[dim]
+    if size.is_Integer and all(v is None or isinstance(v, int) for v in (start, end)):
+        start, end, _ = slice(start, end, step).indices(int(size))
+        length = sympy.Integer(max(0, (end - start + step - 1) // step))
+    else:
+        start, length = _symbolic_slice(size, start, end, step)
     if start == 0 and length == size and step == 1:
         return x
     new = list(old)
-    new[dim] = sympy.Integer(length)
+    new[dim] = length
     return make_view(x, new, lambda idx: list(idx[:dim]) + [idx[dim] * step + start] + list(idx[dim + 1:]))
+
+
+def _symbolic_slice(size: Expr, start: Any, end: Any, step: int) -> tuple[Expr, Expr]:
+    """Start and length of a slice of a symbolic size, clamped as Python does."""
+    big = 2**62
+
+    def clamp(v: Any, default: Expr) -> Expr:
+        if v is None or (isinstance(v, int) and v >= big):
+            return default
+        v = sympy.sympify(v)
+        if v.is_number and v < 0:
+            return sympy.Max(size + v, 0)
+        return sympy.Min(v, size) if not v.is_number else sympy.Min(v, size)
+
+    lo, hi = clamp(start, sympy.Integer(0)), clamp(end, size)
+    length = FloorDiv(sympy.Max(hi - lo, 0) + step - 1, step) if step != 1 else sympy.Max(hi - lo, 0)
+    return lo, length
 
 
 @register_lowering(aten.split_with_sizes)

@@ -6,10 +6,10 @@ from typing import Sequence
 import torch
 
 
-def assert_size_stride(t: torch.Tensor, size: Sequence[int], stride: Sequence[int], name: str) -> None:
-    """Check an input matches the layout the kernels were generated for."""
-    if tuple(t.shape) != tuple(size) or any(
-        s > 1 and a != b for s, a, b in zip(size, t.stride(), stride)
+def assert_size_stride(t: torch.Tensor, size: Sequence[int | None], stride: Sequence[int | None], name: str) -> None:
+    """Check an input matches the layout the kernels were generated for (None: symbolic)."""
+    if len(t.shape) != len(size) or any(e is not None and a != e for a, e in zip(t.shape, size)) or any(
+        s > 1 and e is not None and a != e for s, a, e in zip(t.shape, t.stride(), stride)
     ):
         raise AssertionError(
             f"minductor: input {name} has size {tuple(t.shape)} and stride {t.stride()}, but the compiled "

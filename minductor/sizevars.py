@@ -1,0 +1,61 @@
+"""Symbolic sizes: Dynamo's SymInts as SymPy expressions, and hints for heuristics.
+
+Sizes Dynamo marks dynamic arrive as ``SymInt``s whose ``node.expr`` is a SymPy expression
+over positive integer symbols (``s0``...). minductor keeps them symbolic end to end.
+Heuristics (parallelism, tiling) read a *hint* -- the value seen when compiling -- and
+never add guards: every such decision has a path that is correct for any size.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import sympy
+import torch
+
+SIZE_SYMBOL = re.compile(r"^[su]\d+$")
+
+
+def to_expr(value: Any) -> sympy.Expr:
+    """int / SymInt / SymPy -> SymPy expression."""
+    if isinstance(value, torch.SymInt):
+        return sympy.sympify(value.node.expr)
+    if isinstance(value, (int, sympy.Expr)):
+        return sympy.sympify(value)
+    raise TypeError(f"not a size: {value!r}")
+
+
+def is_size_symbol(sym: sympy.Symbol) -> bool:
+    return bool(SIZE_SYMBOL.match(sym.name))
+
+
+def size_symbols(expr: Any) -> set[sympy.Symbol]:
+    expr = sympy.sympify(expr)
+    return {s for s in expr.free_symbols if is_size_symbol(s)}
+
+
+class SizeVars:
+    """Hints for symbolic sizes, from the ShapeEnv of the graph's fake inputs."""
+
+    def __init__(self, example_inputs: Any) -> None:
+        self.var_to_val: dict[sympy.Symbol, int] = {}
+        for x in example_inputs:
+            env = _shape_env(x)
+            if env is not None:
+                self.var_to_val = {k: int(v) for k, v in env.var_to_val.items()}
+                break
+
+    def hint(self, expr: Any) -> int:
+        expr = sympy.sympify(expr).xreplace(self.var_to_val)
+        if not expr.is_number:
+            return 8192  # unknown (unbacked): assume a large size
+        return int(expr)
+
+
+def _shape_env(x: Any) -> Any:
+    if isinstance(x, torch.SymInt):
+        return x.node.shape_env
+    if isinstance(x, torch.Tensor):
+        mode = getattr(x, "fake_mode", None)
+        return getattr(mode, "shape_env", None)
+    return None
