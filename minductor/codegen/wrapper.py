@@ -159,7 +159,7 @@ def _output_expr(out: Any) -> str:
         return "None"
     if isinstance(out, (ReinterpretView, Buffer)):
         return py_arg(out)
-    if isinstance(out, (int, float, bool)):
+    if isinstance(out, (int, float, bool, sympy.Expr)):
         return py_arg(out)
     raise WrapperCodegenError(f"cannot return {out}")
 

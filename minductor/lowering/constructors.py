@@ -6,6 +6,7 @@ from typing import Any, Sequence
 import sympy
 import torch
 
+from minductor.ir.indexing import FloorDiv
 from minductor.ir.nodes import Pointwise, TensorBox
 from minductor.ir.ops import ops
 from minductor.lowering.registry import (
@@ -120,11 +121,17 @@ def arange(*args: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> Tenso
     start, end, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) > 2 else 1)
     if dtype is None:
         dtype = torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype()
-    length = max(0, -(-(end - start) // step)) if all(isinstance(v, int) for v in (start, end, step)) else None
-    if length is None:
+    if all(isinstance(v, int) for v in (start, end, step)):
+        length = sympy.Integer(max(0, -(-(end - start) // step)))
+    elif any(isinstance(v, sympy.Expr) and not v.is_number for v in (start, end, step)):
+        if not isinstance(step, int) or step <= 0:
+            raise Unsupported("arange with a symbolic bound needs a positive integer step")
+        span = sympy.sympify(end) - sympy.sympify(start)
+        length = span if step == 1 else FloorDiv(span + step - 1, step)
+    else:
         import math
 
-        length = max(0, math.ceil((end - start) / step))
+        length = sympy.Integer(max(0, math.ceil((end - start) / step)))
     device = _device(kwargs.get("device"))
     compute = torch.float64 if dtype.is_floating_point else torch.int64
 
@@ -133,7 +140,7 @@ def arange(*args: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> Tenso
         value = ops.add(ops.mul(i, ops.constant(step, compute)), ops.constant(start, compute))
         return ops.to_dtype(value, dtype)
 
-    return TensorBox.create(Pointwise(device, dtype, inner_fn, [sympy.Integer(length)], origins=frozenset({"arange"})))
+    return TensorBox.create(Pointwise(device, dtype, inner_fn, [length], origins=frozenset({"arange"})))
 
 
 @register_lowering(prims.iota)

@@ -68,7 +68,9 @@ class Scheduler:
     def output_names(self) -> set[str]:
         from minductor.ir.nodes import storage_name
 
-        return {storage_name(o) for o in self.graph.graph_outputs if o is not None and not isinstance(o, (int, float, bool))}
+        from minductor.ir.nodes import IRNode
+
+        return {storage_name(o) for o in self.graph.graph_outputs if isinstance(o, IRNode)}
 
     def eliminate_dead_nodes(self) -> None:
         """Drop kernels whose results nobody reads (fallbacks stay: they may have effects)."""
