@@ -81,14 +81,53 @@ def bench_memory() -> None:
           f"({mind_peak / eager_peak:.2f}x eager)")
 
 
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    model(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def bench_training(with_inductor: bool) -> None:
+    """Forward + backward + SGD step; static and dynamic minductor, eager, TorchInductor."""
+    import copy
+
+    from minductor.bench.runner import median_time
+
+    print("== training step (forward + backward + SGD with momentum)")
+    mlp = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.LayerNorm(1024), torch.nn.Linear(1024, 256))
+    cases = [("mlp", mlp, torch.randn(256, 256)), ("transformer_block", Block(), torch.randn(8, 128, 256))]
+    for name, model, x in cases:
+        row = []
+        variants = [("eager", None), ("minductor", dict(backend="minductor")),
+                    ("minductor_dynamic", dict(backend="minductor", dynamic=True))]
+        if with_inductor:
+            variants.append(("inductor", dict()))
+        times = {}
+        for label, kwargs in variants:
+            torch._dynamo.reset()
+            m = copy.deepcopy(model)
+            opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
+            run = m if kwargs is None else torch.compile(m, **kwargs)
+            _train_step(run, opt, x)
+            times[label] = median_time(lambda: _train_step(run, opt, x), 1.0)
+            row.append(f"{label} {times[label] * 1e3:.2f} ms")
+        ratios = [f"{times['eager'] / times['minductor']:.2f}x eager",
+                  f"dynamic/static {times['minductor_dynamic'] / times['minductor']:.2f}"]
+        if "inductor" in times:
+            ratios.append(f"{times['inductor'] / times['minductor']:.2f}x inductor")
+        print(f"{name}: " + " | ".join(row) + " (" + ", ".join(ratios) + ")", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--no-inductor", action="store_true")
-    parser.add_argument("--only", choices=["speed", "compile", "memory"])
+    parser.add_argument("--only", choices=["speed", "training", "compile", "memory"])
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
     ns = parser.parse_args()
     if ns.only in (None, "speed"):
         bench_speed(not ns.no_inductor, ns.workloads)
+    if ns.only in (None, "training"):
+        bench_training(not ns.no_inductor)
     if ns.only in (None, "compile"):
         bench_compile(not ns.no_inductor)
     if ns.only in (None, "memory"):

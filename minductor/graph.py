@@ -141,14 +141,38 @@ class GraphLowering(torch.fx.Interpreter):
     def _realize_output(self, value: Any, i: int) -> IRNode | None:
         if not isinstance(value, IRNode):
             return value
+        node = self.module.graph.find_nodes(op="output")[0].args[0][i]
+        meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
         if isinstance(value, TensorBox) and isinstance(value.data, StorageBox):
             value.data.realize()  # realize, but keep the layout open until strides are adopted
             if isinstance(value.data.data, Buffer) and not isinstance(value.data.data, InputBuffer):
-                node = self.module.graph.find_nodes(op="output")[0].args[0][i]
-                meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
                 if isinstance(meta, torch.Tensor):
                     _adopt_strides(value.data.data, meta)
-        return realize_input(value)
+        out = realize_input(value)
+        if isinstance(meta, torch.Tensor) and _dense(meta) and not _same_strides(out, meta):
+            # AOT hands these strides to the backward graph (saved tensors) and to the
+            # user: when our layout differs, store a copy with eager's strides
+            out = _copy_with_strides(out, meta)
+        return out
+
+
+def _same_strides(out: IRNode, meta: torch.Tensor) -> bool:
+    stride = out.get_stride() if hasattr(out, "get_stride") else None
+    if stride is None:
+        return True
+    expected = [to_expr(s) for s in meta.stride()]
+    return all(sz == 1 or sympy.expand(a - b) == 0 for sz, a, b in zip(out.get_size(), stride, expected))
+
+
+def _copy_with_strides(value: IRNode, meta: torch.Tensor) -> Buffer:
+    from minductor.ir.nodes import ComputedBuffer, Pointwise
+
+    layout = FixedLayout(meta.device, meta.dtype, tuple(value.get_size()), tuple(to_expr(s) for s in meta.stride()))
+    data = Pointwise(value.get_device(), value.get_dtype(), value.make_loader(), list(value.get_size()),
+                     origins=frozenset({"clone"}))
+    buf = ComputedBuffer(name="", layout=layout, data=data)
+    V.graph.register_buffer(buf)
+    return buf
 
 
 def _sym_size(x: IRNode, dim: int) -> sympy.Expr:

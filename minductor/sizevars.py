@@ -17,12 +17,30 @@ SIZE_SYMBOL = re.compile(r"^[su]\d+$")
 
 
 def to_expr(value: Any) -> sympy.Expr:
-    """int / SymInt / SymPy -> SymPy expression."""
+    """int / SymInt / SymPy -> SymPy expression (with minductor's index functions)."""
     if isinstance(value, torch.SymInt):
-        return sympy.sympify(value.node.expr)
+        return from_torch_sympy(sympy.sympify(value.node.expr))
     if isinstance(value, (int, sympy.Expr)):
         return sympy.sympify(value)
     raise TypeError(f"not a size: {value!r}")
+
+
+def from_torch_sympy(expr: sympy.Expr) -> sympy.Expr:
+    """Replace torch's SymPy functions (FloorDiv, Max, ...) by minductor's equivalents."""
+    from minductor.ir.indexing import FloorDiv, ModularIndexing
+
+    if not expr.args:
+        return expr
+    args = [from_torch_sympy(a) for a in expr.args]
+    name = type(expr).__name__
+    table = {"FloorDiv": FloorDiv, "ModularIndexing": ModularIndexing, "Max": sympy.Max, "Min": sympy.Min}
+    if name in table and type(expr).__module__ != sympy.Max.__module__ and not isinstance(expr, (FloorDiv, ModularIndexing)):
+        return table[name](*args)
+    if name in ("CeilDiv", "CleanDiv", "IntTrueDiv") and len(args) == 2:
+        return FloorDiv(args[0] + args[1] - 1, args[1]) if name == "CeilDiv" else FloorDiv(args[0], args[1])
+    if name in ("PythonMod", "Mod") and len(args) == 2:
+        return ModularIndexing(args[0], 1, args[1])
+    return expr.func(*args)
 
 
 def is_size_symbol(sym: sympy.Symbol) -> bool:
@@ -42,7 +60,8 @@ class SizeVars:
         for x in example_inputs:
             env = _shape_env(x)
             if env is not None:
-                self.var_to_val = {k: int(v) for k, v in env.var_to_val.items()}
+                values = getattr(env, "backed_var_to_val", None) or env.var_to_val
+                self.var_to_val = {k: int(v) for k, v in values.items()}
                 break
 
     def hint(self, expr: Any) -> int:
