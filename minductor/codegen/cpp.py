@@ -406,8 +406,8 @@ class CppKernel:
                 if not isinstance(dep, MemoryDep):
                     continue
                 coeffs = affine_coeffs(dep.index, [x_last, r_last])
-                if coeffs is None:
-                    continue
+                if coeffs is None or coeffs[x_last] == 0:
+                    continue  # the same for every outer index: a broadcast, not a stream
                 if coeffs[r_last] == 1:
                     return None
                 contiguous_outer |= coeffs[x_last] == 1
