@@ -279,6 +279,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     """The pipeline: lower -> schedule -> codegen -> wrap -> load. Returns a boxed callable."""
     from minductor import debug
     from minductor.codegen.wrapper import WrapperCodegenError, generate_wrapper, load_wrapper
+    from minductor.ir.verify import verify_graph, verify_schedule
     from minductor.scheduler import Scheduler
 
     reason = unsupported_reason(gm, example_inputs)
@@ -294,11 +295,13 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     try:
         with V.set_graph(graph):
             graph.run(*example_inputs)                               # 1. lower (and realize)
+            verify_graph(graph)
             timings["lower"] = time.perf_counter() - t0
             scheduler = Scheduler(graph)                             # 2. schedule
             if dump is not None:
                 dump.write("ir_pre_fusion.txt", scheduler.debug_str())
             scheduler.fuse_nodes()
+            verify_schedule(scheduler)
             if dump is not None:
                 dump.write("ir_post_fusion.txt", scheduler.debug_str())
             timings["schedule"] = time.perf_counter() - t0 - timings["lower"]
