@@ -16,6 +16,7 @@ from minductor.ir.nodes import Buffer, IRNode, InputBuffer, StorageBox, TensorBo
 from minductor.ir.views import ReinterpretView, realize_input
 from minductor.lowering import SUPPORTED_DTYPES, Unsupported, lowerings
 from minductor.lowering.extern import fallback
+from minductor.lowering.registry import lowering_for
 from minductor.sizevars import SizeVars, to_expr
 from minductor.virtualized import V
 
@@ -121,7 +122,7 @@ class GraphLowering(torch.fx.Interpreter):
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
         val = self.current_node.meta.get("val")
-        lowering = lowerings.get(target)
+        lowering = lowering_for(target)
         if lowering is not None and _dtypes_supported(args, kwargs, val):
             try:
                 return lowering(*args, **kwargs)
@@ -134,14 +135,15 @@ class GraphLowering(torch.fx.Interpreter):
         return fallback(target, args, kwargs, val)
 
     def output(self, target: str, args: Any, kwargs: Any) -> Any:
-        outputs = args[0]
+        outputs = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
         self.graph_outputs = [self._realize_output(o, i) for i, o in enumerate(outputs)]
         return self.graph_outputs
 
     def _realize_output(self, value: Any, i: int) -> IRNode | None:
         if not isinstance(value, IRNode):
             return value
-        node = self.module.graph.find_nodes(op="output")[0].args[0][i]
+        node = self.module.graph.find_nodes(op="output")[0].args[0]
+        node = node[i] if isinstance(node, (list, tuple)) else node
         meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
         if isinstance(value, TensorBox) and isinstance(value.data, StorageBox):
             value.data.realize()  # realize, but keep the layout open until strides are adopted

@@ -23,6 +23,8 @@ from minductor.lowering.registry import (
 from minductor.lowering.views import unsqueeze
 
 Expr = sympy.Expr
+import torch._prims  # noqa: E402,F401 - registers the prims ops looked up below
+
 prims = torch.ops.prims
 
 

@@ -26,6 +26,8 @@ from minductor.lowering.registry import (
 )
 
 Expr = sympy.Expr
+import torch._prims  # noqa: E402,F401 - registers the prims ops looked up below
+
 prims = torch.ops.prims
 
 # aten op -> ops name, for ops whose integer inputs compute in float
@@ -376,6 +378,6 @@ def nan_to_num(x: TensorBox, nan: float | None = None, posinf: float | None = No
     return make_pointwise(body, name="nan_to_num")(x)
 
 
-@register_lowering(prims.fma)
+@register_lowering("prims.fma.default")  # by name: defined only once torch._inductor is imported
 def fma(a: Any, b: Any, c: Any) -> TensorBox:
     return make_pointwise(ops.fma, name="fma")(a, b, c)

@@ -44,7 +44,7 @@ def register_lowering(*aten_ops: Any) -> Callable[[Callable[..., Any]], Callable
                     if not overload._schema.is_mutable and "out" not in name:
                         lowerings[overload] = fn
             else:
-                lowerings[op] = fn
+                lowerings[op] = fn  # an OpOverload, or "ns.op.overload" for ops defined lazily
         return fn
 
     return decorator
@@ -52,6 +52,13 @@ def register_lowering(*aten_ops: Any) -> Callable[[Callable[..., Any]], Callable
 
 # ---------------------------------------------------------------------------------------
 # dtypes and broadcasting
+
+
+def lowering_for(target: Any) -> Callable[..., Any] | None:
+    fn = lowerings.get(target)
+    if fn is None and isinstance(target, torch._ops.OpOverload):
+        fn = lowerings.get(str(target))
+    return fn
 
 
 def is_tensor(x: Any) -> bool:
