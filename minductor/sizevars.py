@@ -60,7 +60,8 @@ class SizeVars:
         for x in example_inputs:
             env = _shape_env(x)
             if env is not None:
-                values = getattr(env, "backed_var_to_val", None) or env.var_to_val
+                values = getattr(env, "backed_var_to_val", None)
+                values = env.var_to_val if values is None else values
                 self.var_to_val = {k: int(v) for k, v in values.items()}
                 break
 
