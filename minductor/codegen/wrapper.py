@@ -64,6 +64,8 @@ def py_arg(obj: Any) -> str:
     if isinstance(obj, (list, tuple)):
         inner = ", ".join(py_arg(o) for o in obj)
         return f"[{inner}]" if isinstance(obj, list) else f"({inner}{',' if len(obj) == 1 else ''})"
+    if isinstance(obj, torch._ops.OpOverload):
+        return _aten_name(obj)
     if isinstance(obj, torch.dtype):
         return str(obj)
     if isinstance(obj, torch.device):
@@ -145,9 +147,15 @@ def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode, graph: Any) -> Non
         body.writeline(f"{node.name} = {op}({', '.join(args + kwargs)})  # fallback")
 
 
+def _aten_name(op: torch._ops.OpOverload) -> str:
+    return f"torch.ops.{op.namespace}.{op._schema.name.split('::')[1]}.{op._overloadname}"
+
+
 def _op_name(op: Any, graph: Any) -> str:
     if isinstance(op, torch._ops.OpOverload):
-        return f"torch.ops.{op.namespace}.{op._schema.name.split('::')[1]}.{op._overloadname}"
+        return _aten_name(op)
+    if isinstance(op, torch._ops.HigherOrderOperator):
+        return f"torch.ops.higher_order.{op.__name__}"
     for name, fn in graph.callables.items():
         if fn is op:
             return name
