@@ -15,14 +15,19 @@ fallback_ops: Counter[str] = Counter()
 # Kernel compiles served from / missing in the on-disk cache.
 cache_hits: int = 0
 cache_misses: int = 0
+# Buffers the generated wrappers allocate, and allocations served by a freed buffer instead.
+buffers_allocated: int = 0
+buffers_reused: int = 0
 
 
 def reset() -> None:
     """Zero every counter; Counter objects are cleared in place so references stay valid."""
-    global graphs_compiled, generated_kernel_count, cache_hits, cache_misses
+    global graphs_compiled, generated_kernel_count, cache_hits, cache_misses, buffers_allocated, buffers_reused
     graphs_compiled = 0
     generated_kernel_count = 0
     cache_hits = 0
     cache_misses = 0
+    buffers_allocated = 0
+    buffers_reused = 0
     kernels_by_backend.clear()
     fallback_ops.clear()

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from minductor import metrics
 from minductor.codegen.common import py_index
 from minductor.ir.layout import FixedLayout
 from minductor.ir.nodes import Buffer, ComputedBuffer, ExternKernelOut, FallbackKernel
@@ -89,8 +90,10 @@ def plan_memory(graph: Any, units: list[Any], last_use: dict[str, int], outputs:
                 upcoming[key] -= 1
             if key is not None and pool[key]:
                 allocs.append(_reuse_line(b, pool[key].pop(), ours))
+                metrics.buffers_reused += 1
             else:
                 allocs.append(_alloc_line(b))
+                metrics.buffers_allocated += 1
         frees = []
         for name in sorted(frees_at.get(i, [])):
             buf = ours.get(name)
