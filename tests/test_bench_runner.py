@@ -17,3 +17,36 @@ def test_runner_times_every_kernel_side_by_side() -> None:
     assert all(k.name.startswith("cpp_fused_") for k in report.kernels)
     text = "\n".join(report.lines())
     assert "GB/s" in text and "% of bandwidth" in text
+
+
+def test_cli_tiny_suite_json_has_every_field(tmp_path) -> None:  # noqa: ANN001
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "tiny.json"
+    proc = subprocess.run([sys.executable, "-m", "minductor.bench", "--suite", "tiny", "--no-inductor",
+                           "--min-run-time", "0.01", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["bandwidth_gbps"] > 0 and len(data["workloads"]) == 5
+    fields = {"name", "eager_ms", "minductor_ms", "inductor_ms", "speedup_vs_eager", "speedup_vs_inductor",
+              "minductor_compile_s", "inductor_compile_s", "minductor_spread_ms", "correct", "bandwidth_gbps", "kernels"}
+    for w in data["workloads"]:
+        assert fields <= set(w) and w["correct"] and w["kernels"]
+        assert {"name", "us", "bytes", "gbps", "pct_bandwidth"} <= set(w["kernels"][0])
+    assert "| workload |" in proc.stdout
+
+
+def test_dumped_wrapper_runs_standalone(tmp_path) -> None:  # noqa: ANN001
+    import subprocess
+    import sys
+
+    from minductor import config
+
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        torch.compile(lambda x: torch.softmax(x, -1) * 2, backend="minductor")(torch.randn(16, 24))
+    code = next(tmp_path.glob("graph_*/output_code.py"))
+    proc = subprocess.run([sys.executable, str(code)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ms per call" in proc.stdout

@@ -1,28 +1,93 @@
-"""``python -m minductor.bench [--no-inductor] [workload ...]``: per-kernel report."""
+"""``python -m minductor.bench``: side-by-side timing of eager, minductor and TorchInductor.
+
+    python -m minductor.bench --suite reductions [--no-inductor] [--json out.json] [--write-results]
+    python -m minductor.bench --dump ./minductor_debug      # time each kernel of a debug dump
+"""
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
 
 import torch
 
-from minductor.bench.runner import measure_bandwidth, run_workload
-from minductor.bench.workloads import WORKLOADS
+from minductor.bench.runner import WorkloadReport, measure_bandwidth, median_time, run_workload, time_kernels
+from minductor.bench.workloads import SUITES, make_workloads
+
+
+def run_suite(names: list[str], size: int, with_inductor: bool, min_run_time: float) -> tuple[float, list[WorkloadReport]]:
+    bandwidth = measure_bandwidth()
+    print(f"machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
+          f"out= add streams at {bandwidth:.1f} GB/s", flush=True)
+    workloads = make_workloads(size)
+    reports = []
+    for i, name in enumerate(names, 1):
+        print(f"[{i}/{len(names)}] {name} ...", file=sys.stderr, flush=True)
+        fn, make_args = workloads[name]
+        with torch.no_grad():
+            report = run_workload(name, fn, make_args(), with_inductor=with_inductor, bandwidth=bandwidth,
+                                  min_run_time=min_run_time)
+        print("\n".join(report.lines()), flush=True)
+        reports.append(report)
+    return bandwidth, reports
+
+
+def table(reports: list[WorkloadReport]) -> str:
+    rows = ["| workload | eager ms | minductor ms | inductor ms | vs eager | vs inductor | compile s (minductor / inductor) |",
+            "|---|---|---|---|---|---|---|"]
+    for r in reports:
+        j = r.to_json()
+        ind = "-" if j["inductor_ms"] is None else f"{j['inductor_ms']:.3f}"
+        vs_ind = "-" if j["speedup_vs_inductor"] is None else f"{j['speedup_vs_inductor']:.2f}x"
+        ind_c = "-" if j["inductor_compile_s"] is None else f"{j['inductor_compile_s']:.1f}"
+        rows.append(f"| {r.name} | {j['eager_ms']:.3f} | {j['minductor_ms']:.3f} | {ind} | "
+                    f"{j['speedup_vs_eager']:.2f}x | {vs_ind} | {j['minductor_compile_s']:.1f} / {ind_c} |")
+    return "\n".join(rows)
+
+
+def bench_dump(directory: Path, min_run_time: float) -> None:
+    """Time each kernel of every graph in a MINDUCTOR_DEBUG dump, and each whole graph."""
+    bandwidth = measure_bandwidth()
+    for code in sorted(directory.glob("graph_*/output_code.py")):
+        namespace: dict[str, Any] = {"__name__": "minductor_dump"}
+        source = code.read_text()
+        exec(compile(source, str(code), "exec"), namespace)  # noqa: S102 - a generated wrapper
+        args = namespace["make_inputs"]()
+        module = type("Module", (), {"source": source, "constants": namespace.get("constants", {})})
+        print(f"{code.parent.name}: whole graph {median_time(lambda: namespace['call'](list(args)), min_run_time) * 1e3:.3f} ms")
+        for k in time_kernels(module, args, min_run_time / 5):
+            print(f"    {k.name}: {k.seconds * 1e6:9.1f} us  {k.gbps:6.1f} GB/s  {100 * k.gbps / bandwidth:5.1f}% of bandwidth")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("names", nargs="*", help=f"workloads (default all): {', '.join(WORKLOADS)}")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=sorted(SUITES), help="a suite of benchmarks/ workloads")
+    parser.add_argument("names", nargs="*", help="individual workloads instead of a suite")
     parser.add_argument("--no-inductor", action="store_true", help="skip TorchInductor (slow to compile)")
     parser.add_argument("--min-run-time", type=float, default=0.5)
+    parser.add_argument("--json", type=Path, help="write the results as JSON")
+    parser.add_argument("--write-results", action="store_true", help="write benchmarks/RESULTS.md")
+    parser.add_argument("--dump", type=Path, help="time the kernels of a MINDUCTOR_DEBUG dump directory")
     ns = parser.parse_args()
-    bandwidth = measure_bandwidth()
-    print(f"machine: {torch.get_num_threads()} threads, out= add streams at {bandwidth:.1f} GB/s")
-    for name in ns.names or list(WORKLOADS):
-        fn, make_args = WORKLOADS[name]
-        with torch.no_grad():
-            report = run_workload(name, fn, make_args(), with_inductor=not ns.no_inductor,
-                                  bandwidth=bandwidth, min_run_time=ns.min_run_time)
-        print("\n".join(report.lines()), flush=True)
+    if ns.dump:
+        bench_dump(ns.dump, ns.min_run_time)
+        return
+    size, names = SUITES[ns.suite or "all"]
+    names = ns.names or names
+    bandwidth, reports = run_suite(names, size, not ns.no_inductor, ns.min_run_time)
+    print(table(reports))
+    if ns.json:
+        ns.json.write_text(json.dumps({"bandwidth_gbps": bandwidth, "torch": torch.__version__,
+                                       "workloads": [r.to_json() for r in reports]}, indent=2))
+    if ns.write_results:
+        path = Path(__file__).resolve().parents[2] / "benchmarks" / "RESULTS.md"
+        header = (f"# Results\n\n{datetime.date.today()}, {platform.machine()} with {torch.get_num_threads()} threads, "
+                  f"torch {torch.__version__}, streaming bandwidth {bandwidth:.1f} GB/s, suite `{ns.suite or 'all'}`.\n\n")
+        path.write_text(header + table(reports) + "\n")
 
 
 if __name__ == "__main__":

@@ -33,9 +33,28 @@ class WorkloadReport:
     inductor: float | None
     kernels: list[KernelTiming]
     bandwidth: float  # machine GB/s
+    compile_seconds: float = 0.0  # minductor's first call (cold unless the kernel cache is warm)
+    inductor_compile_seconds: float | None = None
+    correct: bool = True
+    spread: float = 0.0  # interquartile range of minductor's timing, seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "eager_ms": self.eager * 1e3, "minductor_ms": self.minductor * 1e3,
+            "inductor_ms": None if self.inductor is None else self.inductor * 1e3,
+            "speedup_vs_eager": self.eager / self.minductor,
+            "speedup_vs_inductor": None if self.inductor is None else self.inductor / self.minductor,
+            "minductor_compile_s": self.compile_seconds, "inductor_compile_s": self.inductor_compile_seconds,
+            "minductor_spread_ms": self.spread * 1e3, "correct": self.correct, "bandwidth_gbps": self.bandwidth,
+            "kernels": [
+                {"name": k.name, "us": k.seconds * 1e6, "bytes": k.bytes_moved, "gbps": k.gbps,
+                 "pct_bandwidth": 100 * k.gbps / self.bandwidth if self.bandwidth else 0.0}
+                for k in self.kernels
+            ],
+        }
 
     def lines(self) -> list[str]:
-        out = [f"{self.name}: eager {self.eager * 1e3:.3f} ms | minductor {self.minductor * 1e3:.3f} ms "
+        out = [f"{self.name}: {'' if self.correct else 'MISMATCH vs eager | '}eager {self.eager * 1e3:.3f} ms | minductor {self.minductor * 1e3:.3f} ms "
                f"({self.eager / self.minductor:.2f}x eager)"
                + (f" | inductor {self.inductor * 1e3:.3f} ms ({self.inductor / self.minductor:.2f}x inductor)"
                   if self.inductor else "")]
@@ -47,8 +66,13 @@ class WorkloadReport:
 
 
 def median_time(fn: Callable[[], Any], min_run_time: float = 0.5) -> float:
+    return measure(fn, min_run_time).median
+
+
+def measure(fn: Callable[[], Any], min_run_time: float = 0.5) -> Any:
+    """A torch.utils.benchmark Measurement (median, iqr) of ``fn`` after warm-up."""
     timer = benchmark.Timer("fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    return timer.blocked_autorange(min_run_time=min_run_time).median
+    return timer.blocked_autorange(min_run_time=min_run_time)
 
 
 def measure_bandwidth(numel: int = 1 << 25) -> float:
@@ -66,17 +90,27 @@ def run_workload(name: str, fn: Callable[..., Any], args: Sequence[Any], *, with
     graphs: list[tuple[Any, list[Any]]] = []
     with tempfile.TemporaryDirectory() as tmp, config.patch(debug=True, debug_dir=tmp), _record_graphs(graphs):
         compiled = torch.compile(fn, backend="minductor")
-        torch.testing.assert_close(compiled(*args), fn(*args), rtol=1e-3, atol=1e-3)
+        start = time.perf_counter()
+        result = compiled(*args)
+        compile_s = time.perf_counter() - start
+        try:
+            torch.testing.assert_close(result, fn(*args), rtol=1e-3, atol=1e-3)
+            correct = True
+        except AssertionError:
+            correct = False
     kernels = [t for module, graph_args in graphs for t in time_kernels(module, graph_args, min_run_time / 5)]
     eager_s = median_time(lambda: fn(*args), min_run_time)
-    mind_s = median_time(lambda: compiled(*args), min_run_time)
-    ind_s = None
+    mind = measure(lambda: compiled(*args), min_run_time)
+    ind_s = ind_compile = None
     if with_inductor:
         torch._dynamo.reset()
         inductor = torch.compile(fn)
+        start = time.perf_counter()
         inductor(*args)
+        ind_compile = time.perf_counter() - start
         ind_s = median_time(lambda: inductor(*args), min_run_time)
-    return WorkloadReport(name, eager_s, mind_s, ind_s, kernels, bandwidth or measure_bandwidth())
+    return WorkloadReport(name, eager_s, mind.median, ind_s, kernels, bandwidth or measure_bandwidth(),
+                          compile_s, ind_compile, correct, mind.iqr)
 
 
 _CALL = re.compile(r"^\s*(cpp_\w+)\((.*)\)$")

@@ -63,24 +63,67 @@ class Block(torch.nn.Module):
         return x + self.fc2(F.gelu(self.fc(self.ln2(x))))
 
 
-def _block() -> tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]:
+def _block(batch: int = 8, seq: int = 128, dim: int = 256):  # noqa: ANN202
+    def make() -> tuple[Any, ...]:
+        torch.manual_seed(0)
+        return (torch.randn(batch, seq, dim),)
+
     torch.manual_seed(0)
-    model = Block().eval()
-    return model, lambda: (torch.randn(8, 128, 256),)
+    return Block(dim=dim, heads=4).eval(), make
 
 
-def _square(n: int = N) -> torch.Tensor:
-    return torch.randn(n, n)
+class ConvNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.bn = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16)
+        self.c2 = torch.nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.c2(F.relu(self.bn(self.c1(x))))).mean((2, 3))
 
 
-WORKLOADS: dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = {
-    "pointwise6": (pointwise6, lambda: (_square(), _square())),
-    "softmax": (softmax, lambda: (_square(),)),
-    "layer_norm": (layer_norm, lambda: (_square(), torch.randn(N), torch.randn(N))),
-    "layer_norm_residual": (layer_norm_residual, lambda: (_square(), _square(), torch.randn(N), torch.randn(N))),
-    "sum_dim0": (sum_dim0, lambda: (_square(),)),
-    "amax_dim0": (amax_dim0, lambda: (_square(),)),
-    "transpose_add": (transpose_add, lambda: (_square(), _square())),
-    "full_sum": (full_sum, lambda: (_square(),)),
-    "transformer_block": _block(),
+class GeluMLP(torch.nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = torch.nn.LayerNorm(dim), torch.nn.Linear(dim, 4 * dim), torch.nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+def make_workloads(n: int = N) -> dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]]:
+    """The standard workloads at size ``n`` (4096 is the full suite; small values for CI)."""
+
+    def square() -> torch.Tensor:
+        return torch.randn(n, n)
+
+    small = max(n // 32, 2)
+    torch.manual_seed(0)
+    conv = ConvNet().eval()
+    mlp = GeluMLP(max(n // 16, 8)).eval()
+    return {
+        "pointwise6": (pointwise6, lambda: (square(), square())),
+        "broadcast_add": (lambda x, b: (x + b).relu(), lambda: (square(), torch.randn(n))),
+        "transpose_add": (transpose_add, lambda: (square(), square())),
+        "softmax": (softmax, lambda: (square(),)),
+        "layer_norm": (layer_norm, lambda: (square(), torch.randn(n), torch.randn(n))),
+        "layer_norm_residual": (layer_norm_residual, lambda: (square(), square(), torch.randn(n), torch.randn(n))),
+        "sum_dim0": (sum_dim0, lambda: (square(),)),
+        "sum_dim1": (lambda x: x.sum(1), lambda: (square(),)),
+        "amax_dim0": (amax_dim0, lambda: (square(),)),
+        "full_sum": (full_sum, lambda: (square(),)),
+        "gelu_mlp": (mlp, lambda: (torch.randn(small * 8, max(n // 16, 8)),)),
+        "conv_net": (conv, lambda: (torch.randn(2, 3, small * 2, small * 2),)),
+        "transformer_block": _block(seq=max(n // 32, 8), dim=max(n // 16, 16)),
+    }
+
+
+WORKLOADS = make_workloads()
+
+SUITES: dict[str, tuple[int, list[str]]] = {
+    "pointwise": (N, ["pointwise6", "broadcast_add", "transpose_add"]),
+    "reductions": (N, ["softmax", "layer_norm", "layer_norm_residual", "sum_dim0", "sum_dim1", "amax_dim0", "full_sum"]),
+    "models": (N, ["gelu_mlp", "conv_net", "transformer_block"]),
+    "all": (N, list(WORKLOADS)),
+    "tiny": (64, ["pointwise6", "transpose_add", "softmax", "sum_dim0", "gelu_mlp"]),  # for CI
 }

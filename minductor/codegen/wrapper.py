@@ -110,7 +110,36 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
     rets = [_output_expr(o) for o in graph.graph_outputs]
     body.writeline(f"return ({', '.join(rets)}{',' if len(rets) == 1 else ''})")
     constants = dict(graph.constants) | dict(graph.callables)
-    return WrapperModule(_render_module(body, kernels, sorted(constants)), kernels, constants)
+    source = _render_module(body, kernels, sorted(constants)) + _render_standalone(graph)
+    return WrapperModule(source, kernels, constants)
+
+
+def _render_standalone(graph: Any) -> str:
+    """``make_inputs()`` and a ``__main__`` block, so ``python output_code.py`` times the graph."""
+    hint = graph.sizevars.hint
+    specs = []
+    for name in graph.graph_input_names:
+        buf = graph.graph_inputs.get(name)
+        if buf is not None:
+            size = tuple(hint(s) for s in buf.layout.size)
+            stride = tuple(hint(s) for s in buf.layout.stride)
+            specs.append(f"rand_strided({size}, {stride}, {buf.get_dtype()})")
+        elif name in graph.symbol_inputs:
+            specs.append(str(hint(graph.symbol_inputs[name])))
+        else:
+            specs.append("None")
+    out = CodeBuffer()
+    out.writeline("")
+    out.writeline("def make_inputs():")
+    out.writeline("    \"\"\"Random inputs with the sizes and strides this graph was compiled for.\"\"\"")
+    out.writeline("    from minductor.runtime.helpers import rand_strided")
+    out.writeline(f"    return [{', '.join(specs)}]")
+    out.writeline("")
+    out.writeline("")
+    out.writeline('if __name__ == "__main__":')
+    out.writeline("    from minductor.runtime.helpers import print_call_time")
+    out.writeline("    print_call_time(call, make_inputs)")
+    return out.getvalue()
 
 
 def _bind_sizes(body: CodeBuffer, graph: Any) -> None:
@@ -182,8 +211,10 @@ def _render_module(body: CodeBuffer, kernels: list[KernelCode], constants: list[
     out.writeline("")
     out.writeline("empty_strided = torch.empty_strided")
     out.writeline("")
+    if constants:
+        out.writeline("constants = globals().get('constants', {})  # bound by minductor when loaded")
     for name in constants:
-        out.writeline(f"{name} = constants[{name!r}]  # held by the graph")
+        out.writeline(f"{name} = constants.get({name!r})  # held by the graph")
     if constants:
         out.writeline("")
     for kernel in kernels:

@@ -1,7 +1,7 @@
 """Small functions the generated wrapper calls at run time."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -22,3 +22,26 @@ def assert_size_stride(t: torch.Tensor, size: Sequence[int | None], stride: Sequ
 def reinterpret_tensor(t: torch.Tensor, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
     """A strided alias of ``t``; ``offset`` counts elements from ``t``'s first element."""
     return torch.as_strided(t, size, stride, t.storage_offset() + offset)
+
+
+def rand_strided(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A random tensor with the given size and strides (for standalone wrapper runs)."""
+    numel = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else 0
+    if dtype == torch.bool:
+        storage = torch.rand(numel) > 0.5
+    elif dtype.is_floating_point:
+        storage = torch.randn(numel, dtype=dtype)
+    else:
+        storage = torch.randint(0, 8, (numel,), dtype=dtype)
+    return torch.as_strided(storage, tuple(size), tuple(stride))
+
+
+def print_call_time(call: Callable[[list[Any]], Any], make_inputs: Callable[[], list[Any]]) -> None:
+    """Time a generated ``call`` on fresh random inputs; print the median."""
+    import torch.utils.benchmark as benchmark
+
+    inputs = make_inputs()
+    timer = benchmark.Timer("call(list(inputs))", globals={"call": call, "inputs": inputs},
+                            num_threads=torch.get_num_threads())
+    median = timer.blocked_autorange(min_run_time=1.0).median
+    print(f"{median * 1e3:.3f} ms per call (median)")
