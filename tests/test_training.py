@@ -130,3 +130,37 @@ def test_training_steps_match_eager(opt_cls: type, kwargs: dict[str, Any]) -> No
         for key in p:
             torch.testing.assert_close(q[key], p[key], **TOL)
     assert not metrics.fallback_ops, metrics.fallback_ops
+
+
+def test_min_cut_partitioner_saves_fewer_activations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """minductor's backend uses min-cut rematerialization: cheap pointwise ops are recomputed
+    in the backward instead of saved, so the forward returns fewer tensors than with the
+    default partitioner."""
+    from functorch.compile import default_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    import minductor.backend as backend
+    from minductor import graph as graph_module
+
+    saved: dict[str, int] = {}
+    original = graph_module.compile_graph
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: Any, kind: str) -> Any:
+        if kind == "forward":
+            saved[current] = len(gm.graph.find_nodes(op="output")[0].args[0])
+        return original(gm, example_inputs, kind)
+
+    monkeypatch.setattr(graph_module, "compile_graph", recording)
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (F.gelu(x @ w).sin() * 2 + 1).tanh().sum()
+
+    x, w = torch.randn(8, 16), torch.randn(16, 16, requires_grad=True)
+    current = "min_cut"
+    torch.compile(fn, backend="minductor")(x, w).backward()
+    torch._dynamo.reset()
+    current = "default"
+    default_backend = aot_autograd(fw_compiler=backend._compiler("forward"), bw_compiler=backend._compiler("backward"),
+                                   decompositions=backend.decomposition_table(), partition_fn=default_partition)
+    torch.compile(fn, backend=default_backend)(x, w).backward()
+    assert saved["min_cut"] < saved["default"], saved
