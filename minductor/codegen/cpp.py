@@ -29,6 +29,8 @@ Expr = sympy.Expr
 PARALLEL_THRESHOLD = 32768
 # independent accumulators per reduction (two AVX2 vectors of float)
 LANES = 8
+# outer-lane mode (reducing along a strided dim): columns per tile, a few cache lines wide
+OUTER_LANES = 64
 ARGS_PLACEHOLDER = "MI_KERNEL_ARGS"
 # edge of the 2-D tiles used when a pointwise kernel reads a transposed buffer
 TILE = 32
@@ -177,8 +179,9 @@ class CppKernel:
             acc_type, init, update, combine = _reduction_code(rtype, ctype, acc, value, self.index_str(self.rlinear))
             lane = f"{acc}_lanes[mi_lane]"
             update = _reduction_code(rtype, ctype, lane, value, self.index_str(self.rlinear))[2]
-            self.prefix.writeline(f"{acc_type} {acc}_lanes[{LANES}];")
-            self.prefix.writeline(f"for (int mi_l = 0; mi_l < {LANES}; mi_l++) {acc}_lanes[mi_l] = {init};")
+            lanes = OUTER_LANES if self.tile_var is not None else LANES
+            self.prefix.writeline(f"{acc_type} {acc}_lanes[{lanes}];")
+            self.prefix.writeline(f"for (int mi_l = 0; mi_l < {lanes}; mi_l++) {acc}_lanes[mi_l] = {init};")
             self.body.writeline(f"{lane} = {update};")
             self.accumulators.append((acc, acc_type, init, combine))
         if rtype == "welford_reduce":
@@ -252,10 +255,10 @@ class CppKernel:
             if innermost and pure_pointwise and not (parallel and n == 1):
                 code.writeline("#pragma omp simd")
             if var == self.tile_var:
-                code.writeline(f"for (int64_t mi_tile = 0; mi_tile < {cpp_index(size)}; mi_tile += {LANES})")
+                code.writeline(f"for (int64_t mi_tile = 0; mi_tile < {cpp_index(size)}; mi_tile += {OUTER_LANES})")
                 code.writeline("{")
                 code._indent += 1
-                code.writeline(f"const int64_t mi_count = mi_min_i64({LANES}, {cpp_index(size)} - mi_tile);")
+                code.writeline(f"const int64_t mi_count = mi_min_i64({OUTER_LANES}, {cpp_index(size)} - mi_tile);")
                 continue
             code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
             code.writeline("{")
