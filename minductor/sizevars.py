@@ -56,13 +56,13 @@ class SizeVars:
     """Hints for symbolic sizes, from the ShapeEnv of the graph's fake inputs."""
 
     def __init__(self, example_inputs: Any) -> None:
-        self.var_to_val: dict[sympy.Symbol, int] = {}
+        self.var_to_val: dict[sympy.Symbol, sympy.Integer] = {}
         for x in example_inputs:
             env = _shape_env(x)
             if env is not None:
                 values = getattr(env, "backed_var_to_val", None)
                 values = env.var_to_val if values is None else values
-                self.var_to_val = {k: int(v) for k, v in values.items()}
+                self.var_to_val = {k: sympy.Integer(int(v)) for k, v in values.items()}
                 break
 
     def hint(self, expr: Any) -> int:
