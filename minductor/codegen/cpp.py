@@ -179,7 +179,7 @@ class CppKernel:
             acc_type, init, update, combine = _reduction_code(rtype, ctype, acc, value, self.index_str(self.rlinear))
             lane = f"{acc}_lanes[mi_lane]"
             update = _reduction_code(rtype, ctype, lane, value, self.index_str(self.rlinear))[2]
-            lanes = OUTER_LANES if self.tile_var is not None else LANES
+            lanes = self.outer_lanes if self.tile_var is not None else LANES
             self.prefix.writeline(f"{acc_type} {acc}_lanes[{lanes}];")
             self.prefix.writeline(f"for (int mi_l = 0; mi_l < {lanes}; mi_l++) {acc}_lanes[mi_l] = {init};")
             self.body.writeline(f"{lane} = {update};")
@@ -230,6 +230,10 @@ class CppKernel:
             code.writeline(f"//   {n.node.name}: {type(n.node.data).__name__} {', '.join(sorted(n.node.origins))}")
         only_reductions = len(loops) == 1 and all(n.is_reduction() for n in loops[0].nodes)
         self.tile_var = self._outer_lane_var(merged_outer)
+        if self.tile_var is not None:
+            # wide tiles use whole cache lines, but leave every thread some tiles
+            width = V.graph.sizevars.hint(merged_outer.sizes[-1])
+            self.outer_lanes = OUTER_LANES if width >= OUTER_LANES * 16 else LANES
         if n_outer == 0 and only_reductions and parallel:
             self.emit_parallel_reduction(code, loops[0])
         else:
@@ -255,10 +259,10 @@ class CppKernel:
             if innermost and pure_pointwise and not (parallel and n == 1):
                 code.writeline("#pragma omp simd")
             if var == self.tile_var:
-                code.writeline(f"for (int64_t mi_tile = 0; mi_tile < {cpp_index(size)}; mi_tile += {OUTER_LANES})")
+                code.writeline(f"for (int64_t mi_tile = 0; mi_tile < {cpp_index(size)}; mi_tile += {self.outer_lanes})")
                 code.writeline("{")
                 code._indent += 1
-                code.writeline(f"const int64_t mi_count = mi_min_i64({OUTER_LANES}, {cpp_index(size)} - mi_tile);")
+                code.writeline(f"const int64_t mi_count = mi_min_i64({self.outer_lanes}, {cpp_index(size)} - mi_tile);")
                 continue
             code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
             code.writeline("{")

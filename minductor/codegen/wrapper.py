@@ -14,7 +14,8 @@ from minductor.codegen.common import CodeBuffer, KernelCode, py_index
 from minductor.codegen.cpp import CppKernel, kernel_name
 from minductor.codegen.memory import plan_memory
 from minductor.ir.nodes import (
-    Buffer, ComputedBuffer, ExternKernel, ExternKernelOut, FallbackKernel, InputBuffer, IRNode, MultiOutput,
+    Buffer, ComputedBuffer, ExternKernel, ExternKernelAlloc, ExternKernelOut, FallbackKernel, InputBuffer, IRNode,
+    MultiOutput,
 )
 from minductor.ir.views import ReinterpretView
 from minductor.scheduler import Scheduler
@@ -171,6 +172,8 @@ def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode, graph: Any) -> Non
     op = _op_name(node.op, graph)
     if isinstance(node, ExternKernelOut):
         body.writeline(f"{op}({', '.join(args + kwargs + [f'out={node.name}'])})")
+    elif isinstance(node, ExternKernelAlloc):
+        body.writeline(f"{node.name} = {op}({', '.join(args + kwargs)})")
     else:
         assert isinstance(node, FallbackKernel)
         body.writeline(f"{node.name} = {op}({', '.join(args + kwargs)})  # fallback")

@@ -352,6 +352,12 @@ class ExternKernelOut(ExternKernel):
 
 
 @dataclasses.dataclass(eq=False)
+class ExternKernelAlloc(ExternKernel):
+    """An aten call that allocates its own output (convolution: aten picks the fastest path
+    and layout itself; the ``.out`` variant can be slower)."""
+
+
+@dataclasses.dataclass(eq=False)
 class FallbackKernel(ExternKernel):
     """An op minductor does not lower: the wrapper calls aten and takes what it returns.
     With several outputs ``layout`` is None and ``MultiOutput`` nodes pick them out."""

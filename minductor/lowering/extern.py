@@ -8,7 +8,7 @@ import torch
 
 from minductor import metrics
 from minductor.ir.layout import FixedLayout, as_exprs
-from minductor.ir.nodes import ExternKernelOut, FallbackKernel, IRNode, MultiOutput, TensorBox
+from minductor.ir.nodes import ExternKernelAlloc, ExternKernelOut, FallbackKernel, IRNode, MultiOutput, TensorBox
 from minductor.ir.views import realize_input
 from minductor.lowering.registry import aten, register_lowering
 from minductor.sizevars import to_expr
@@ -63,7 +63,11 @@ def baddbmm(bias: TensorBox, a: TensorBox, b: TensorBox, *, beta: Any = 1, alpha
 @register_lowering(aten.convolution)
 def convolution(x: TensorBox, weight: TensorBox, bias: Any, stride: Any, padding: Any, dilation: Any,
                 transposed: bool, output_padding: Any, groups: int) -> TensorBox:
-    return extern_out(aten.convolution.out, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    val = V.graph.current_node.meta["val"]
+    node = ExternKernelAlloc(name="", layout=layout_of(val), op=aten.convolution.default,
+                             args=_realize_args((x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)))
+    V.graph.register_buffer(node)
+    return TensorBox.create(node)
 
 
 def fallback(op: Any, args: Any, kwargs: Any, val: Any) -> Any:
