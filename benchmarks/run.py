@@ -57,7 +57,7 @@ def bench_compile(with_inductor: bool) -> None:
         print(f"{case}: " + " | ".join(row), flush=True)
 
 
-def peak_bytes(fn, *args) -> int:  # noqa: ANN001
+def peak_bytes(fn, *args) -> int:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         fn(*args)
     live = peak = 0

@@ -7,7 +7,8 @@ forward/backward (or inference) graphs; each goes through ``compile_graph``.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
@@ -27,7 +28,7 @@ _EXTRA_DECOMPOSITIONS = [
 _KEEP_WHOLE = [aten.clamp_min, aten.clamp_max]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(_EXTRA_DECOMPOSITIONS))

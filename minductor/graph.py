@@ -4,17 +4,18 @@ from __future__ import annotations
 import logging
 import operator
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import sympy
 import torch
 import torch.fx
 
-from minductor import config, metrics
+from minductor import metrics
 from minductor.ir.layout import FixedLayout, as_exprs
-from minductor.ir.nodes import Buffer, IRNode, InputBuffer, StorageBox, TensorBox
+from minductor.ir.nodes import Buffer, InputBuffer, IRNode, StorageBox, TensorBox
 from minductor.ir.views import ReinterpretView, realize_input
-from minductor.lowering import SUPPORTED_DTYPES, Unsupported, lowerings
+from minductor.lowering import SUPPORTED_DTYPES, Unsupported
 from minductor.lowering.extern import fallback
 from minductor.lowering.registry import lowering_for
 from minductor.sizevars import SizeVars, to_expr
@@ -332,4 +333,4 @@ def _run_aten_graph(gm: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:
     return call
 
 
-__all__ = ["GraphLowering", "compile_graph", "sympy", "ReinterpretView"]
+__all__ = ["GraphLowering", "ReinterpretView", "compile_graph", "sympy"]

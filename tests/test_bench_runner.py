@@ -19,7 +19,7 @@ def test_runner_times_every_kernel_side_by_side() -> None:
     assert "GB/s" in text and "% of bandwidth" in text
 
 
-def test_cli_tiny_suite_json_has_every_field(tmp_path) -> None:  # noqa: ANN001
+def test_cli_tiny_suite_json_has_every_field(tmp_path) -> None:
     import json
     import subprocess
     import sys
@@ -38,7 +38,7 @@ def test_cli_tiny_suite_json_has_every_field(tmp_path) -> None:  # noqa: ANN001
     assert "| workload |" in proc.stdout
 
 
-def test_dumped_wrapper_runs_standalone(tmp_path) -> None:  # noqa: ANN001
+def test_dumped_wrapper_runs_standalone(tmp_path) -> None:
     import subprocess
     import sys
 

@@ -75,9 +75,8 @@ def test_kernel_rejected_by_compiler_names_the_file_and_shows_the_error(tmp_path
         return render(self, code).replace("{\n", "{\n    this_is_not_cpp;\n", 1)
 
     monkeypatch.setattr(cpp.CppKernel, "render", broken)
-    with config.patch(cache_dir=str(tmp_path / "cache")):
-        with pytest.raises(Exception) as info:
-            torch.compile(chain, backend="minductor")(torch.randn(4, 4))
+    with config.patch(cache_dir=str(tmp_path / "cache")), pytest.raises(Exception) as info:
+        torch.compile(chain, backend="minductor")(torch.randn(4, 4))
     err = getattr(info.value, "inner_exception", info.value)  # Dynamo wraps backend errors
     assert isinstance(err, CppCompileError), repr(info.value)
     message = str(err)

@@ -5,8 +5,8 @@ import copy
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from minductor import metrics
 from minductor.bench.workloads import Block
@@ -78,7 +78,7 @@ def test_automatic_dynamic_recompiles_once() -> None:
     lambda x: torch.cat([x, x * 2], 0).mean(),
     lambda x: x.var(0, keepdim=True) - x,
 ], ids=["chain_sum", "reshape_amax_argmax", "layer_norm", "transpose", "slice_step", "cat_mean", "var"])
-def test_symbolic_kernels_on_prime_sizes(fn) -> None:  # noqa: ANN001
+def test_symbolic_kernels_on_prime_sizes(fn) -> None:
     compiled = torch.compile(fn, backend="minductor", dynamic=True)
     for rows, cols in [(5, 3), (11, 9), (23, 17)]:
         x = torch.randn(rows, cols)

@@ -6,7 +6,8 @@ returns many ops' results at once; each result is compared with eager separately
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch

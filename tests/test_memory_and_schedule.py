@@ -20,7 +20,7 @@ def fresh() -> None:
     metrics.reset()
 
 
-def test_chain_of_same_size_intermediates_uses_two_buffers(tmp_path) -> None:  # noqa: ANN001
+def test_chain_of_same_size_intermediates_uses_two_buffers(tmp_path) -> None:
     def chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         for _ in range(6):
             x = torch.mm(x, w).relu()  # mm outputs are buffers; relu fuses into the next read
@@ -37,7 +37,7 @@ def test_chain_of_same_size_intermediates_uses_two_buffers(tmp_path) -> None:  #
     assert intermediates <= 2, code
 
 
-def random_program(rng: random.Random):  # noqa: ANN201
+def random_program(rng: random.Random):
     """A random straight-line program over two (8, 12) inputs."""
     steps = []
     for _ in range(rng.randint(3, 9)):

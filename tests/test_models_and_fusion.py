@@ -1,10 +1,10 @@
 """Whole models against eager, fusion kernel counts, and fallbacks for ops without lowerings."""
 from __future__ import annotations
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
 import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
 
 from minductor import metrics
 from minductor.bench.workloads import Block
@@ -48,7 +48,7 @@ def test_models_match_eager(model: nn.Module, shape: tuple[int, ...]) -> None:
     assert not metrics.fallback_ops, metrics.fallback_ops
 
 
-def one_graph_kernels(fn, *args) -> int:  # noqa: ANN001
+def one_graph_kernels(fn, *args) -> int:
     torch.testing.assert_close(torch.compile(fn, backend="minductor")(*args), fn(*args), rtol=1e-5, atol=1e-5)
     assert metrics.graphs_compiled == 1
     return metrics.kernels_by_backend["cpp"]
@@ -71,7 +71,7 @@ def test_pointwise_prologue_fuses_into_reduction() -> None:
     lambda x, w, b: (x.sum(0), x.amax(0)),
     lambda x, w, b: (x.exp(), x.sin(), x.cos()),
 ], ids=["softmax", "log_softmax", "layer_norm", "layer_norm_residual", "siblings_sum_amax_dim0", "siblings_pointwise"])
-def test_one_kernel_each(fn) -> None:  # noqa: ANN001
+def test_one_kernel_each(fn) -> None:
     assert one_graph_kernels(fn, torch.randn(48, 96), torch.randn(96), torch.randn(96)) == 1
 
 
@@ -80,7 +80,7 @@ def test_one_kernel_each(fn) -> None:  # noqa: ANN001
     (lambda x: torch.sort(x * 2, -1)[0] + 1, "aten.sort"),
     (lambda x: (x.exp() + 1).cumsum(0) * 2, "aten.cumsum"),
 ], ids=["linalg_inv", "sort", "cumsum"])
-def test_ops_without_lowering_fall_back_and_are_counted(fn, name: str) -> None:  # noqa: ANN001
+def test_ops_without_lowering_fall_back_and_are_counted(fn, name: str) -> None:
     x = torch.randn(5, 5)
     torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x), rtol=1e-4, atol=1e-4)
     assert metrics.fallback_ops[name] >= 1, metrics.fallback_ops
@@ -89,6 +89,6 @@ def test_ops_without_lowering_fall_back_and_are_counted(fn, name: str) -> None: 
 
 def test_complex_dtype_falls_back_instead_of_wrong_code() -> None:
     z = torch.randn(6, dtype=torch.complex64)
-    fn = lambda z: (z * z + 1).abs() * 2  # noqa: E731
+    fn = lambda z: (z * z + 1).abs() * 2
     torch.testing.assert_close(torch.compile(fn, backend="minductor")(z), fn(z))
     assert sum(metrics.fallback_ops.values()) >= 1

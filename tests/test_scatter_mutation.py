@@ -5,7 +5,8 @@ results and the (possibly mutated) inputs.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch

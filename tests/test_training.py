@@ -7,12 +7,13 @@ use the same.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from minductor import config, metrics
 from minductor.bench.workloads import Block
@@ -139,7 +140,7 @@ def test_min_cut_partitioner_saves_fewer_activations(monkeypatch: pytest.MonkeyP
     from functorch.compile import default_partition
     from torch._dynamo.backends.common import aot_autograd
 
-    import minductor.backend as backend
+    from minductor import backend
     from minductor import graph as graph_module
 
     saved: dict[str, int] = {}

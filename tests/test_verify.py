@@ -12,7 +12,7 @@ from minductor.scheduler import Scheduler
 from minductor.virtualized import V
 
 
-def lowered(fn, *args):  # noqa: ANN001, ANN201
+def lowered(fn, *args):
     gm = make_fx(fn, decomposition_table=core_aten_decompositions())(*args)
     graph = GraphLowering(gm, args)
     with V.set_graph(graph):

@@ -6,10 +6,11 @@ import dataclasses
 import re
 import tempfile
 import time
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
-import torch.utils.benchmark as benchmark
+from torch.utils import benchmark
 
 from minductor import config
 

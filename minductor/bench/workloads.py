@@ -1,7 +1,8 @@
 """The standard workloads of the benchmark suite (CPU, float32)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +64,7 @@ class Block(torch.nn.Module):
         return x + self.fc2(F.gelu(self.fc(self.ln2(x))))
 
 
-def _block(batch: int = 8, seq: int = 128, dim: int = 256):  # noqa: ANN202
+def _block(batch: int = 8, seq: int = 128, dim: int = 256):
     def make() -> tuple[Any, ...]:
         torch.manual_seed(0)
         return (torch.randn(batch, seq, dim),)

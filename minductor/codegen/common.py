@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Iterator
+from collections.abc import Iterator
 
 import sympy
 import torch
@@ -153,7 +153,7 @@ class CodeBuffer:
     def writeline(self, line: str) -> None:
         self.lines.append("    " * self._indent + line if line else "")
 
-    def splice(self, other: "CodeBuffer") -> None:
+    def splice(self, other: CodeBuffer) -> None:
         for line in other.lines:
             self.writeline(line)
 

@@ -11,12 +11,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import sympy
 import torch
 
-from minductor.codegen.common import CPP_COMPUTE_TYPES, CPP_STORAGE_TYPES, CPP_TYPES, CSE, CodeBuffer, KernelArgs, cpp_index
+from minductor.codegen.common import (
+    CPP_COMPUTE_TYPES,
+    CPP_STORAGE_TYPES,
+    CSE,
+    CodeBuffer,
+    KernelArgs,
+    cpp_index,
+)
 from minductor.codegen.cpp_ops import CppOps, cpp_constant
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.scheduler.deps import MemoryDep
@@ -152,7 +160,7 @@ class CppKernel:
             value = f"static_cast<{CPP_STORAGE_TYPES[dtype]}>({value})"
         buffer.writeline(f"{arg}[{self.index_str(index)}] = {value};")
 
-    def masked(self, mask: str, body: Callable[[], Any], other: bool | int | float) -> str:
+    def masked(self, mask: str, body: Callable[[], Any], other: bool | float) -> str:
         saved = self.body
         inner = CodeBuffer()
         self.body = inner

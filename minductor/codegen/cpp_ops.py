@@ -6,7 +6,8 @@ Values are C++ variable names. Arithmetic results are cast back to the operand t
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import sympy
 import torch
@@ -17,7 +18,7 @@ from minductor.ir.indexing import index_symbol
 Expr = sympy.Expr
 
 
-def cpp_constant(value: bool | int | float, dtype: torch.dtype) -> str:
+def cpp_constant(value: bool | float, dtype: torch.dtype) -> str:
     ctype = CPP_COMPUTE_TYPES[dtype]
     if dtype == torch.bool:
         return "true" if value else "false"
@@ -287,7 +288,7 @@ class CppOps:
         var = self._cse(f"static_cast<int64_t>({x} < 0 ? {x} + {size_str} : {x})")
         return index_symbol(var)
 
-    def constant(self, value: bool | int | float, dtype: torch.dtype) -> str:
+    def constant(self, value: bool | float, dtype: torch.dtype) -> str:
         return self._cse(cpp_constant(value, dtype))
 
     def to_dtype(self, x: str, dtype: torch.dtype) -> str:
@@ -297,7 +298,7 @@ class CppOps:
             return self._cse(f"mi_round_bf16(static_cast<float>({x}))")
         return self._cse(f"static_cast<{CPP_TYPES[dtype]}>({x})")
 
-    def masked(self, mask: str, body: Callable[[], Any], other: bool | int | float) -> str:
+    def masked(self, mask: str, body: Callable[[], Any], other: bool | float) -> str:
         return self.kernel.masked(mask, body, other)
 
     def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, reduction_type: str, value: str) -> Any:

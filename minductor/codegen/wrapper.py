@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import sympy
 import torch
@@ -14,7 +15,14 @@ from minductor.codegen.common import CodeBuffer, KernelCode, py_index
 from minductor.codegen.cpp import CppKernel, kernel_name
 from minductor.codegen.memory import plan_memory
 from minductor.ir.nodes import (
-    Buffer, ComputedBuffer, ExternKernel, ExternKernelAlloc, ExternKernelOut, FallbackKernel, InputBuffer, IRNode,
+    Buffer,
+    ComputedBuffer,
+    ExternKernel,
+    ExternKernelAlloc,
+    ExternKernelOut,
+    FallbackKernel,
+    InputBuffer,
+    IRNode,
     MultiOutput,
 )
 from minductor.ir.views import ReinterpretView
@@ -264,4 +272,4 @@ def load_wrapper(module: WrapperModule, dump: Any) -> Callable[[list[Any]], Any]
     return namespace["call"]
 
 
-__all__ = ["generate_wrapper", "load_wrapper", "ComputedBuffer", "InputBuffer"]
+__all__ = ["ComputedBuffer", "InputBuffer", "generate_wrapper", "load_wrapper"]

@@ -7,7 +7,7 @@ back to linear terms when variable ranges allow it, so contiguous code stays con
 from __future__ import annotations
 
 import functools
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import sympy
 
@@ -21,7 +21,7 @@ class FloorDiv(sympy.Function):
     nargs = (2,)
 
     @classmethod
-    def eval(cls, base, divisor):  # noqa: ANN001, ANN206 - sympy protocol
+    def eval(cls, base, divisor):
         if divisor == 1:
             return base
         if base == 0:
@@ -48,7 +48,7 @@ class ModularIndexing(sympy.Function):
     nargs = (3,)
 
     @classmethod
-    def eval(cls, base, divisor, modulus):  # noqa: ANN001, ANN206 - sympy protocol
+    def eval(cls, base, divisor, modulus):
         if base == 0 or modulus == 1:
             return sympy.Integer(0)
         if base.is_Integer and divisor.is_Integer and modulus.is_Integer:
@@ -83,7 +83,7 @@ def make_vars(prefix: str, count: int, start: int = 0) -> list[sympy.Symbol]:
 
 def upper_bound(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr | None:
     """A bound ``b`` with ``expr < b`` for affine ``expr`` in ranged vars (None if unknown)."""
-    lo, hi = value_range(expr, ranges)
+    _, hi = value_range(expr, ranges)
     return None if hi is None else hi + 1
 
 

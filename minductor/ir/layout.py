@@ -7,7 +7,7 @@ until it is frozen; it starts contiguous.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import sympy
 import torch
@@ -76,12 +76,12 @@ class FlexibleLayout(FixedLayout):
     """A layout the compiler chose (contiguous) and may re-decide until frozen."""
 
     @staticmethod
-    def contiguous(device: torch.device, dtype: torch.dtype, size: Sequence[Expr]) -> "FlexibleLayout":
+    def contiguous(device: torch.device, dtype: torch.dtype, size: Sequence[Expr]) -> FlexibleLayout:
         size = tuple(as_exprs(size))
         return FlexibleLayout(device, dtype, size, tuple(contiguous_strides(size)))
 
     def freeze(self) -> FixedLayout:
         return FixedLayout(self.device, self.dtype, self.size, self.stride, self.offset)
 
-    def with_stride(self, stride: Sequence[Expr]) -> "FlexibleLayout":
+    def with_stride(self, stride: Sequence[Expr]) -> FlexibleLayout:
         return FlexibleLayout(self.device, self.dtype, self.size, tuple(as_exprs(stride)), self.offset)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import sympy
 import torch
 
+from minductor.ir.indexing import make_vars
 from minductor.ir.layout import FixedLayout, FlexibleLayout
 from minductor.ir.ops import DefaultHandler, ops
-from minductor.ir.indexing import make_vars
 from minductor.virtualized import V
 
 Expr = sympy.Expr
@@ -276,9 +277,7 @@ class StorageBox(IRNode):
         if not isinstance(self.data, Pointwise):
             return
         n_ops, n_loads = self.data.opcount()
-        if n_ops > MAX_INLINE_OPCOUNT:
-            self.realize()
-        elif users > 1 and (n_ops > REALIZE_OPCOUNT_THRESHOLD or n_loads > REALIZE_READS_THRESHOLD):
+        if n_ops > MAX_INLINE_OPCOUNT or users > 1 and (n_ops > REALIZE_OPCOUNT_THRESHOLD or n_loads > REALIZE_READS_THRESHOLD):
             self.realize()
 
 
@@ -287,7 +286,7 @@ class TensorBox(IRNode):
     data: IRNode  # StorageBox, or a view over one
 
     @staticmethod
-    def create(data: IRNode) -> "TensorBox":
+    def create(data: IRNode) -> TensorBox:
         return TensorBox(StorageBox(data))
 
     def get_size(self) -> list[Expr]:

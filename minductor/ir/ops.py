@@ -11,7 +11,8 @@ found by grep; ``tests/test_ops_protocol.py`` checks that each handler implement
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import sympy
 import torch
@@ -273,13 +274,13 @@ class Ops:
         """Turn a loaded integer value into a symbol usable inside index expressions."""
         return V.ops.indirect_indexing(x, size, check)
 
-    def constant(self, value: bool | int | float, dtype: torch.dtype) -> Any:
+    def constant(self, value: bool | float, dtype: torch.dtype) -> Any:
         return V.ops.constant(value, dtype)
 
     def to_dtype(self, x: Any, dtype: torch.dtype) -> Any:
         return V.ops.to_dtype(x, dtype)
 
-    def masked(self, mask: Any, body: Callable[[], Any], other: bool | int | float) -> Any:
+    def masked(self, mask: Any, body: Callable[[], Any], other: bool | float) -> Any:
         """``body()`` where ``mask`` holds, else ``other``; loads in body are guarded."""
         return V.ops.masked(mask, body, other)
 
@@ -530,13 +531,13 @@ class DefaultHandler:
     def indirect_indexing(self, x: Any, size: sympy.Expr, check: bool = True) -> sympy.Expr:
         return self._default("indirect_indexing", (x, size, check))
 
-    def constant(self, value: bool | int | float, dtype: torch.dtype) -> Any:
+    def constant(self, value: bool | float, dtype: torch.dtype) -> Any:
         return self._default("constant", (value, dtype))
 
     def to_dtype(self, x: Any, dtype: torch.dtype) -> Any:
         return self._default("to_dtype", (x, dtype))
 
-    def masked(self, mask: Any, body: Callable[[], Any], other: bool | int | float) -> Any:
+    def masked(self, mask: Any, body: Callable[[], Any], other: bool | float) -> Any:
         return self._default("masked", (mask, body, other))
 
     def reduction(

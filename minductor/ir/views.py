@@ -3,7 +3,8 @@ the storage is realized and the remap is affine (plain strides)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import sympy
 import torch
@@ -115,8 +116,6 @@ def try_fold_to_strides(base: IRNode, size: Sequence[Expr], reindex: Reindex, fr
     if found is None:
         return None
     buf, indexer = found
-    if not freeze and not isinstance(base, ReinterpretView) and not _is_fixed(buf):
-        return None
     variables = make_vars("v", len(size))
     ranges = {v: s for v, s in zip(variables, size)}
     index = [v if s != 1 else sympy.Integer(0) for v, s in zip(variables, size)]
@@ -139,12 +138,6 @@ def _unit_stride(coeffs: dict, variables: list, size: Sequence[Expr], i: int) ->
         if size[j] != 1:
             return coeffs[variables[j]] * size[j]
     return sympy.Integer(1)
-
-
-def _is_fixed(buf: Buffer) -> bool:
-    from minductor.ir.layout import FlexibleLayout
-
-    return not isinstance(buf.layout, FlexibleLayout) or True
 
 
 def make_view(x: TensorBox, size: Sequence[Expr], reindex: Reindex) -> TensorBox:

@@ -1,7 +1,8 @@
 """Constructors (full, zeros, arange, empty, *_like, scalar_tensor) and cat/stack."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import sympy
 import torch
@@ -10,20 +11,20 @@ from minductor.ir.indexing import FloorDiv
 from minductor.ir.nodes import Pointwise, TensorBox
 from minductor.ir.ops import ops
 from minductor.lowering.registry import (
+    Promotion,
     Unsupported,
     aten,
     expand_to,
     is_tensor,
     origins_of,
     promote,
-    Promotion,
     register_lowering,
     to_dtype,
 )
 from minductor.lowering.views import unsqueeze
 
 Expr = sympy.Expr
-import torch._prims  # noqa: E402,F401 - registers the prims ops looked up below
+import torch._prims
 
 prims = torch.ops.prims
 
@@ -176,7 +177,6 @@ def cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
         t_size = list(size)
         t_size[dim] = t.get_size()[dim]
         parts.append(expand_to(t, t_size).make_loader())
-    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
     def inner_fn(index: Sequence[Expr]) -> Any:
         i = index[dim]

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from minductor import metrics
-from minductor.ir.layout import FixedLayout, as_exprs
+from minductor.ir.layout import FixedLayout
 from minductor.ir.nodes import ExternKernelAlloc, ExternKernelOut, FallbackKernel, IRNode, MultiOutput, TensorBox
 from minductor.ir.views import realize_input
 from minductor.lowering.registry import aten, register_lowering

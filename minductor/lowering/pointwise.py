@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import sympy
 import torch
@@ -11,22 +12,22 @@ from minductor.ir.nodes import Pointwise, TensorBox
 from minductor.ir.ops import ops
 from minductor.lowering.registry import (
     Promotion,
+    Unsupported,
     _cast_loader,
+    aten,
     broadcast_shapes,
     expand_to,
-    origins_of,
-    promote,
-    scalar_loader,
-    Unsupported,
-    aten,
     is_tensor,
     make_pointwise,
+    origins_of,
+    promote,
     register_lowering,
+    scalar_loader,
     to_dtype,
 )
 
 Expr = sympy.Expr
-import torch._prims  # noqa: E402,F401 - registers the prims ops looked up below
+import torch._prims
 
 prims = torch.ops.prims
 
@@ -281,7 +282,7 @@ def _cast_loader_for(v: Any, dtype: torch.dtype) -> Any:
 
 
 @register_lowering(aten.clamp)
-def clamp(x: TensorBox, min: Any = None, max: Any = None) -> TensorBox:  # noqa: A002
+def clamp(x: TensorBox, min: Any = None, max: Any = None) -> TensorBox:
     out = x
     if min is not None:
         out = make_pointwise(ops.maximum, name="clamp")(out, min)
@@ -293,12 +294,12 @@ def clamp(x: TensorBox, min: Any = None, max: Any = None) -> TensorBox:  # noqa:
 
 
 @register_lowering(aten.clamp_min)
-def clamp_min(x: TensorBox, min: Any) -> TensorBox:  # noqa: A002
+def clamp_min(x: TensorBox, min: Any) -> TensorBox:
     return clamp(x, min, None)
 
 
 @register_lowering(aten.clamp_max)
-def clamp_max(x: TensorBox, max: Any) -> TensorBox:  # noqa: A002
+def clamp_max(x: TensorBox, max: Any) -> TensorBox:
     return clamp(x, None, max)
 
 
@@ -370,7 +371,7 @@ def nan_to_num(x: TensorBox, nan: float | None = None, posinf: float | None = No
     neg_v = info.min if neginf is None else neginf
 
     def body(v: Any) -> Any:
-        c = lambda val: ops.constant(val, torch.float32 if dt in (torch.float16, torch.bfloat16) else dt)  # noqa: E731
+        c = lambda val: ops.constant(val, torch.float32 if dt in (torch.float16, torch.bfloat16) else dt)
         v = ops.where(ops.isnan(v), c(nan_v), v)
         v = ops.where(ops.eq(v, c(math.inf)), c(pos_v), v)
         return ops.where(ops.eq(v, c(-math.inf)), c(neg_v), v)

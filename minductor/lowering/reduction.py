@@ -1,15 +1,16 @@
 """Reduction lowerings: sum, prod, mean, amax/amin, argmax/argmin, any/all, var/var_mean."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import sympy
 import torch
 
 from minductor.ir.nodes import Pointwise, Reduction, TensorBox
 from minductor.ir.ops import ops
-from minductor.lowering.registry import Unsupported, aten, register_lowering, to_dtype
 from minductor.lowering.pointwise import div, mul, sub
+from minductor.lowering.registry import Unsupported, aten, register_lowering, to_dtype
 from minductor.lowering.views import view
 
 Expr = sympy.Expr

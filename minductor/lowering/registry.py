@@ -6,7 +6,8 @@ functions. Type promotion and broadcasting happen here; ``ops.*`` never promotes
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import sympy
 import torch
@@ -198,6 +199,6 @@ def _cast_loader(loader: Callable[[Sequence[Expr]], Any], src: torch.dtype, dst:
     return lambda index: ops.to_dtype(loader(index), dst)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reduced_precision(dtype: torch.dtype) -> bool:
     return dtype in (torch.float16, torch.bfloat16)

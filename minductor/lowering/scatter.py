@@ -8,7 +8,8 @@ eager's order, so duplicates resolve as in eager and accumulation is determinist
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import sympy
 import torch
@@ -17,7 +18,15 @@ from minductor.ir.nodes import Buffer, ComputedBuffer, Pointwise, StorageBox, Te
 from minductor.ir.ops import ops
 from minductor.ir.views import realize_input
 from minductor.lowering.pointwise import clone
-from minductor.lowering.registry import Unsupported, aten, broadcast_shapes, expand_to, is_tensor, register_lowering, to_dtype
+from minductor.lowering.registry import (
+    Unsupported,
+    aten,
+    broadcast_shapes,
+    expand_to,
+    is_tensor,
+    register_lowering,
+    to_dtype,
+)
 from minductor.virtualized import V
 
 Expr = sympy.Expr

@@ -5,7 +5,8 @@ All are lazy index remaps (``make_view``); on realized storage they fold to zero
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import sympy
 import torch
@@ -200,7 +201,7 @@ def _symbolic_slice(size: Expr, start: Any, end: Any, step: int) -> tuple[Expr, 
         v = sympy.sympify(v)
         if v.is_number and v < 0:
             return sympy.Max(size + v, 0)
-        return sympy.Min(v, size) if not v.is_number else sympy.Min(v, size)
+        return sympy.Min(v, size)
 
     lo, hi = clamp(start, sympy.Integer(0)), clamp(end, size)
     length = FloorDiv(sympy.Max(hi - lo, 0) + step - 1, step) if step != 1 else sympy.Max(hi - lo, 0)
@@ -271,7 +272,7 @@ def diagonal(x: TensorBox, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Ten
             out[i] = idx[pos]
         k = idx[-1]
         out[d1] = k + (-offset if offset < 0 else 0)
-        out[d2] = k + (offset if offset > 0 else 0)
+        out[d2] = k + (max(0, offset))
         return out
 
     return make_view(x, new, reindex)

@@ -1,7 +1,8 @@
 """Small functions the generated wrapper calls at run time."""
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -38,7 +39,7 @@ def rand_strided(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype)
 
 def print_call_time(call: Callable[[list[Any]], Any], make_inputs: Callable[[], list[Any]]) -> None:
     """Time a generated ``call`` on fresh random inputs; print the median."""
-    import torch.utils.benchmark as benchmark
+    from torch.utils import benchmark
 
     inputs = make_inputs()
     timer = benchmark.Timer("call(list(inputs))", globals={"call": call, "inputs": inputs},

@@ -6,7 +6,7 @@ and ``fuse_nodes`` runs fusion, so the pipeline can dump the IR before and after
 from __future__ import annotations
 
 import itertools
-from typing import Iterable
+from collections.abc import Iterable
 
 import networkx as nx
 import sympy
@@ -22,7 +22,7 @@ Unit = FusedGroup | ExternSchedulerNode
 
 
 class Scheduler:
-    def __init__(self, graph) -> None:  # noqa: ANN001 - GraphLowering
+    def __init__(self, graph) -> None:
         self.graph = graph
         self.nodes: list[BaseSchedulerNode] = self.create_nodes()
         self.compute_dependencies()
@@ -66,9 +66,7 @@ class Scheduler:
                 readers[target] = set()
 
     def output_names(self) -> set[str]:
-        from minductor.ir.nodes import storage_name
-
-        from minductor.ir.nodes import IRNode
+        from minductor.ir.nodes import IRNode, storage_name
 
         return {storage_name(o) for o in self.graph.graph_outputs if isinstance(o, IRNode)}
 
@@ -188,4 +186,4 @@ class Scheduler:
         return "\n".join(lines) + "\n"
 
 
-__all__ = ["Scheduler", "MemoryDep", "StarDep", "sympy"]
+__all__ = ["MemoryDep", "Scheduler", "StarDep", "sympy"]

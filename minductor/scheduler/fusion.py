@@ -1,7 +1,7 @@
 """Fusion legality (``can_fuse``) and priority (``score_fusion``), kept apart."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import sympy
 
@@ -119,4 +119,4 @@ def score_fusion(a: FusedGroup, b: FusedGroup, buffer_bytes: dict[str, int]) -> 
     return saved, int(bool(shared)), -abs(a.order - b.order)
 
 
-__all__ = ["can_fuse", "score_fusion", "fused_outer", "Sequence"]
+__all__ = ["Sequence", "can_fuse", "fused_outer", "score_fusion"]
