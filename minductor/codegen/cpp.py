@@ -126,6 +126,7 @@ class CppKernel:
         self.rlinear: Expr = sympy.Integer(0)
         self.accumulators: list[tuple[str, str, str, str]] = []  # name, type, init, combine
         self.helpers: list[tuple[str, str, CodeBuffer]] = []  # per-block functions
+        self.uses_error_flag = False  # an indirect index is bounds-checked into mi_err[0]
 
     # -- handler callbacks ---------------------------------------------------------------
 
@@ -545,6 +546,9 @@ class CppKernel:
         self.size_args = sorted(set(re.findall(r"\b[su]\d+\b", text)), key=lambda s: (s[0], int(s[1:])))
         params += [f"const int64_t {s}" for s in self.size_args]
         names += self.size_args
+        if self.uses_error_flag:
+            params.append("int64_t* mi_err")
+            names.append("mi_err")
         out = CodeBuffer()
         out.writeline('#include "minductor_prelude.h"')
         out.writeline("")

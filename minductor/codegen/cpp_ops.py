@@ -286,6 +286,10 @@ class CppOps:
     def indirect_indexing(self, x: str, size: Expr, check: bool = True) -> Expr:
         size_str = self.kernel.index_str(size)
         var = self._cse(f"static_cast<int64_t>({x} < 0 ? {x} + {size_str} : {x})")
+        if check:
+            # out of range: record it for the wrapper to raise, and read a safe element instead
+            self.kernel.uses_error_flag = True
+            self.kernel.body.writeline(f"if ({var} < 0 || {var} >= {size_str}) {{ mi_err[0] = 1; {var} = 0; }}")
         return index_symbol(var)
 
     def constant(self, value: bool | float, dtype: torch.dtype) -> str:

@@ -53,7 +53,11 @@ def codegen_kernel(group: FusedGroup, index: int) -> KernelCode:
     source = kernel.generate()
     call_args = [f"c_void_p({buf}.data_ptr())" for buf, _, _ in kernel.args.call_order()]
     call_args += [f"c_int64({s})" for s in kernel.size_args]
-    return KernelCode(name, "cpp", source, f"{name}({', '.join(call_args)})", ".cpp")
+    call = f"{name}({', '.join(call_args)})"
+    if kernel.uses_error_flag:
+        call = (f"mi_err = torch.zeros(1, dtype=torch.int64); {name}({', '.join([*call_args, 'c_void_p(mi_err.data_ptr())'])}); "
+                f"check_index_error(mi_err, {name!r})")
+    return KernelCode(name, "cpp", source, call, ".cpp")
 
 
 def _shape(values: Any) -> str:
@@ -218,7 +222,7 @@ def _render_module(body: CodeBuffer, kernels: list[KernelCode], constants: list[
     out.writeline("import torch")
     out.writeline("from ctypes import c_int64, c_void_p")
     out.writeline("from minductor.runtime.cache import compile_and_load_many")
-    out.writeline("from minductor.runtime.helpers import assert_size_stride, reinterpret_tensor")
+    out.writeline("from minductor.runtime.helpers import assert_size_stride, check_index_error, reinterpret_tensor")
     out.writeline("")
     out.writeline("empty_strided = torch.empty_strided")
     out.writeline("")

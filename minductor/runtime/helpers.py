@@ -46,3 +46,10 @@ def print_call_time(call: Callable[[list[Any]], Any], make_inputs: Callable[[], 
                             num_threads=torch.get_num_threads())
     median = timer.blocked_autorange(min_run_time=1.0).median
     print(f"{median * 1e3:.3f} ms per call (median)")
+
+
+def check_index_error(flag: torch.Tensor, kernel: str) -> None:
+    """Raise eager's error when a kernel met an out-of-range index (gather, index, scatter...)."""
+    if int(flag[0]):
+        raise IndexError(f"minductor: index out of range in kernel {kernel} (an index tensor holds a value outside "
+                         "the indexed dimension); eager PyTorch raises the same error for this input")

@@ -1,0 +1,111 @@
+"""Indirect reads: advanced indexing, gather, index_select, embedding.
+
+Each is a Pointwise whose body loads an index tensor, turns the value into an index
+symbol with ``ops.indirect_indexing`` (negative indices wrap; out-of-range ones make the
+wrapper raise IndexError like eager) and loads the source there, so it fuses with what
+consumes it.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import sympy
+import torch
+
+from minductor.ir.nodes import Pointwise, TensorBox
+from minductor.ir.ops import ops
+from minductor.lowering.registry import Unsupported, aten, broadcast_shapes, expand_to, is_tensor, origins_of, register_lowering
+
+Expr = sympy.Expr
+
+
+def _dim(d: int, ndim: int) -> int:
+    return d + ndim if d < 0 else d
+
+
+def _pointwise(x: TensorBox, size: Sequence[Expr], inner_fn: Any, origin: str, *inputs: Any) -> TensorBox:
+    return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), inner_fn, list(size),
+                                      origins=origins_of(x, *inputs) | {origin}))
+
+
+@register_lowering(aten.index.Tensor)
+def index(x: TensorBox, indices: Sequence[Any]) -> TensorBox:
+    if any(is_tensor(i) and i.get_dtype() in (torch.bool, torch.uint8) for i in indices):
+        raise Unsupported("boolean-mask indexing (data-dependent shape)")
+    size = x.get_size()
+    ndim = len(size)
+    indexed = [d for d, i in enumerate(indices) if i is not None]
+    if not indexed:
+        raise Unsupported("index without index tensors")
+    index_shape = broadcast_shapes(*[indices[d].get_size() for d in indexed])
+    adjacent = indexed == list(range(indexed[0], indexed[-1] + 1))
+    rest = [d for d in range(ndim) if d not in indexed]
+    before = [d for d in rest if d < indexed[0]] if adjacent else []
+    after = [d for d in rest if d not in before]
+    out_size = [size[d] for d in before] + list(index_shape) + [size[d] for d in after]
+    loaders = {d: expand_to(indices[d], index_shape).make_loader() for d in indexed}
+    load = x.make_loader()
+    n_before, n_index = len(before), len(index_shape)
+
+    def inner_fn(idx: Sequence[Expr]) -> Any:
+        ipart = list(idx[n_before:n_before + n_index])
+        full: list[Expr] = [sympy.Integer(0)] * ndim
+        for d, v in zip(before, idx[:n_before]):
+            full[d] = v
+        for d, v in zip(after, idx[n_before + n_index:]):
+            full[d] = v
+        for d in indexed:
+            full[d] = ops.indirect_indexing(loaders[d](ipart), size[d])
+        return load(full)
+
+    return _pointwise(x, out_size, inner_fn, "index", *[indices[d] for d in indexed])
+
+
+@register_lowering(aten.gather)
+def gather(x: TensorBox, dim: int, index: TensorBox, sparse_grad: bool = False) -> TensorBox:
+    size = x.get_size()
+    if len(size) == 0:
+        raise Unsupported("gather from a 0-d tensor")
+    dim = _dim(dim, len(size))
+    index_load, load = index.make_loader(), x.make_loader()
+
+    def inner_fn(idx: Sequence[Expr]) -> Any:
+        full = list(idx)
+        full[dim] = ops.indirect_indexing(index_load(idx), size[dim])
+        return load(full)
+
+    return _pointwise(x, index.get_size(), inner_fn, "gather", index)
+
+
+@register_lowering(aten.index_select)
+def index_select(x: TensorBox, dim: int, index: TensorBox) -> TensorBox:
+    size = list(x.get_size())
+    if len(size) == 0 or len(index.get_size()) > 1:
+        raise Unsupported("index_select on a 0-d tensor or with a multi-dim index")
+    dim = _dim(dim, len(size))
+    index_load, load = index.make_loader(), x.make_loader()
+    out_size = size[:dim] + [index.get_numel()] + size[dim + 1:]
+
+    def inner_fn(idx: Sequence[Expr]) -> Any:
+        full = list(idx)
+        position = [idx[dim]] if len(index.get_size()) == 1 else []
+        full[dim] = ops.indirect_indexing(index_load(position), size[dim])
+        return load(full)
+
+    return _pointwise(x, out_size, inner_fn, "index_select", index)
+
+
+@register_lowering(aten.embedding)
+def embedding(weight: TensorBox, indices: TensorBox, padding_idx: int = -1, scale_grad_by_freq: bool = False,
+              sparse: bool = False) -> TensorBox:
+    if len(weight.get_size()) != 2:
+        raise Unsupported("embedding with a non-2-d weight")
+    rows, dim = weight.get_size()
+    index_load, load = indices.make_loader(), weight.make_loader()
+    n = len(indices.get_size())
+
+    def inner_fn(idx: Sequence[Expr]) -> Any:
+        row = ops.indirect_indexing(index_load(list(idx[:n])), rows)
+        return load([row, idx[n]])
+
+    return _pointwise(weight, list(indices.get_size()) + [dim], inner_fn, "embedding", indices)
