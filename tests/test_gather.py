@@ -41,3 +41,15 @@ def test_out_of_range_index_raises_index_error() -> None:
     fn = torch.compile(lambda x, i: x[i] * 2, backend="minductor")
     with pytest.raises(IndexError, match="index out of range"):
         fn(X, torch.tensor([0, 9]))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: F.pad(x, (1, 2, 0, 1), value=0.5) * 2,
+    lambda x: F.pad(x.exp(), (-1, 2)),
+    lambda x: F.pad(x.long(), (1, 1, 1, 1, 1, 0), value=3),
+    lambda x: F.pad(x.half(), (2, 0)).float(),
+], ids=["constant", "negative_crop", "int_3d", "half"])
+def test_constant_pad_is_a_masked_load(fn: Callable[..., Any]) -> None:
+    x = torch.randn(2, 3, 5)
+    torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x))
+    assert not metrics.fallback_ops and metrics.generated_kernel_count == 1

@@ -211,3 +211,36 @@ def stack(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
 
 
 __all__ = ["is_tensor"]
+
+
+@register_lowering(aten.constant_pad_nd)
+def constant_pad_nd(x: TensorBox, pad: Sequence[int], value: Any = 0) -> TensorBox:
+    """Padding as a masked load: no copy, fuses with producer and consumer."""
+    size = list(x.get_size())
+    if len(pad) % 2 or len(pad) // 2 > len(size):
+        raise Unsupported(f"constant_pad_nd with pad {list(pad)} for a {len(size)}-d input")
+    lows: dict[int, int] = {}
+    out_size = list(size)
+    for k in range(len(pad) // 2):
+        d = len(size) - 1 - k
+        lo, hi = int(pad[2 * k]), int(pad[2 * k + 1])
+        lows[d] = lo
+        out_size[d] = size[d] + lo + hi
+    dtype = x.get_dtype()
+    fill = bool(value) if dtype == torch.bool else (float(value) if dtype.is_floating_point else int(value))
+    load = x.make_loader()
+
+    def inner_fn(index: Sequence[Expr]) -> Any:
+        src = list(index)
+        mask = None
+        for d, lo in lows.items():
+            src[d] = index[d] - lo
+            pos = ops.index_expr(src[d], torch.int64)
+            inside = ops.logical_and(ops.ge(pos, ops.constant(0, torch.int64)),
+                                     ops.lt(pos, ops.index_expr(size[d], torch.int64)))
+            mask = inside if mask is None else ops.logical_and(mask, inside)
+        if mask is None:
+            return load(src)
+        return ops.masked(mask, lambda: load(src), fill)
+
+    return TensorBox.create(Pointwise(x.get_device(), dtype, inner_fn, out_size, origins=x.origins | {"constant_pad_nd"}))
