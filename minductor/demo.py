@@ -16,7 +16,7 @@ from torch.utils.benchmark import Timer
 
 from minductor import config, metrics
 
-EMBED, HEADS, SEQ, BATCH = 256, 4, 128, 8
+EMBED, HEADS, SEQ, BATCH = 128, 8, 512, 4
 
 
 class CausalSelfAttention(nn.Module):
