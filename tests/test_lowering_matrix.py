@@ -267,3 +267,14 @@ def test_matmul_family_as_externs() -> None:
         "conv": lambda x, y: F.conv2d(x.reshape(1, 1, 5, 7), y.reshape(1, 1, 7, 3)[:, :, :3, :3], padding=1),
     }, a, b, tol=dict(rtol=1e-4, atol=1e-4))
     assert not metrics.fallback_ops, metrics.fallback_ops
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_half_precision_computes_in_float32_and_rounds_at_stores(dtype: torch.dtype) -> None:
+    x = (torch.randn(16, 33) * 3).to(dtype)
+    tol = dict(rtol=2e-2, atol=2e-2)
+    check_all({
+        "chain": lambda t: (t.exp() * 2 + 1).sum(-1), "softmax": lambda t: torch.softmax(t, -1),
+        "to_float": lambda t: t.float() + 1, "cast_back": lambda t: (t * 3).to(torch.float32),
+        "layer_norm": lambda t: F.layer_norm(t, (33,)), "amax": lambda t: t.amax(0), "gelu": F.gelu,
+    }, x, tol=tol)
