@@ -126,6 +126,7 @@ class CppKernel:
         self.rlinear: Expr = sympy.Integer(0)
         self.accumulators: list[tuple[str, str, str, str]] = []  # name, type, init, combine
         self.helpers: list[tuple[str, str, CodeBuffer]] = []  # per-block functions
+        self.tile_var: sympy.Symbol | None = None
         self.uses_error_flag = False  # an indirect index is bounds-checked into mi_err[0]
 
     # -- handler callbacks ---------------------------------------------------------------
@@ -188,6 +189,10 @@ class CppKernel:
             acc_type, init, update, combine = _reduction_code(rtype, ctype, acc, value, self.index_str(self.rlinear))
             lane = f"{acc}_lanes[mi_lane]"
             update = _reduction_code(rtype, ctype, lane, value, self.index_str(self.rlinear))[2]
+            if rtype == "welford_reduce" and self.welford_rw:
+                # every lane has seen the same count: one reciprocal per lane step, no division per element
+                update = f"mi_welford_update_rw<{ctype}>({lane}, static_cast<{ctype}>({value}), static_cast<{ctype}>(mi_rw))"
+                self.welford_accs.append(acc)
             lanes = self.outer_lanes if self.tile_var is not None else LANES
             self.prefix.writeline(f"{acc_type} {acc}_lanes[{lanes}];")
             self.prefix.writeline(f"for (int mi_l = 0; mi_l < {lanes}; mi_l++) {acc}_lanes[mi_l] = {init};")
@@ -381,6 +386,8 @@ class CppKernel:
         self.rlinear = _linear(red_vars, loop.red)
         self.accumulators = []
         self.last_red_size = merged_red.sizes[-1] if merged_red.sizes else sympy.Integer(1)
+        self.welford_rw = len(merged_red.variables) == 1 and self.tile_var is None
+        self.welford_accs: list[str] = []
         with V.set_ops(CppOps(self)), V.set_kernel(self):
             for node in loop.nodes:
                 node.run(make_vars("x", n_outer) + pw_vars, red_vars)
@@ -487,6 +494,8 @@ class CppKernel:
         code.writeline(f"for (int64_t mi_base = {begin}; mi_base < mi_main; mi_base += {LANES})")
         code.writeline("{")
         with code.indent(open_brace=False):
+            if self.welford_accs:
+                code.writeline(f"const double mi_rw = 1.0 / static_cast<double>((mi_base - {begin}) / {LANES} + 1);")
             code.writeline("#pragma omp simd")
             code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {LANES}; mi_lane++)")
             with code.indent():
@@ -496,6 +505,8 @@ class CppKernel:
         code.writeline(f"for (int64_t {var} = mi_main; {var} < {end}; {var}++)")
         with code.indent():
             code.writeline("const int64_t mi_lane = 0;")
+            if self.welford_accs:
+                code.writeline(f"const double mi_rw = 1.0 / static_cast<double>({self.welford_accs[0]}_lanes[0].weight + 1);")
             code.splice(self.body)
         for _ in outer_dims:
             code._indent -= 1

@@ -364,6 +364,12 @@ template <typename T> static inline MiWelford<T> mi_welford_update(MiWelford<T> 
     T mean = acc.mean + delta / weight;
     return MiWelford<T>{mean, acc.m2 + delta * (v - mean), weight};
 }
+// the same update given rw = 1 / (acc.weight + 1), computed once for all lanes
+template <typename T> static inline MiWelford<T> mi_welford_update_rw(MiWelford<T> acc, T v, T rw) {
+    T delta = v - acc.mean;
+    T mean = acc.mean + delta * rw;
+    return MiWelford<T>{mean, acc.m2 + delta * (v - mean), acc.weight + T(1)};
+}
 template <typename T> static inline MiWelford<T> mi_welford_combine(MiWelford<T> a, MiWelford<T> b) {
     if (a.weight == 0) return b;
     if (b.weight == 0) return a;
