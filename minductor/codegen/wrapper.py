@@ -45,8 +45,12 @@ def codegen_kernel(group: FusedGroup, index: int) -> KernelCode:
     """Generate one fused group with the backend its device calls for."""
     device = group.nodes[0].node.get_device()
     if device.type == "cuda" or config.cpu_backend == "triton":
-        from minductor.codegen.triton import codegen_triton_kernel
-
+        try:
+            from minductor.codegen.triton import codegen_triton_kernel
+        except ImportError as e:
+            raise WrapperCodegenError(
+                f"Triton code generation is not available yet ({e}); set minductor.config.cpu_backend = 'cpp'"
+            ) from e
         return codegen_triton_kernel(group, index)
     name = kernel_name(group, index)
     kernel = CppKernel(group, name)
