@@ -1,0 +1,691 @@
+"""Windows: max/avg/adaptive pooling (forward and backward) and reflection/replication padding.
+
+Pooling forward ops are Pointwise bodies that unroll the window into loads; positions in
+the padding are masked (``ops.masked``), never copied. The values combine in eager's
+order with eager's update rule, so results are bit-identical. Windows larger than
+``MAX_UNROLL`` become Reductions instead (avg and adaptive pools) or fall back (max pool
+with padding).
+
+Backward ops are gathers: each input position visits the few output windows that can
+contain it, in increasing output order, the order in which eager's loops scatter into it,
+so the sums round the same way.
+
+All ops handle any number of spatial dims (1-d to 3-d pools) over any leading dims.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from minductor.ir.indexing import FloorDiv
+from minductor.ir.nodes import Pointwise, Reduction, TensorBox
+from minductor.ir.ops import ops
+from minductor.lowering.registry import Unsupported, aten, origins_of, register_lowering
+
+Expr = sympy.Expr
+I64 = torch.int64
+# windows with more positions than this are not unrolled
+MAX_UNROLL = 25
+# (dim, output position, window element) -> (input position, validity mask or None)
+Position = Callable[[int, Expr, Any], tuple[Expr, Any]]
+
+
+# ---------------------------------------------------------------------------------------
+# helpers
+
+
+def _ints(value: Any, n: int, default: Sequence[int] | None = None) -> list[int]:
+    if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
+        assert default is not None
+        return list(default)
+    if isinstance(value, int):
+        return [value] * n
+    value = [int(v) for v in value]
+    return value * n if len(value) == 1 else value
+
+
+def _spatial(x: TensorBox, n: int, op: str) -> list[int]:
+    size = x.get_size()
+    if len(size) < n + 1 or not all(s.is_Integer for s in size[-n:]):
+        raise Unsupported(f"{op}: needs static spatial sizes, got {list(size)}")
+    return [int(s) for s in size[-n:]]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """Output length of a pooling window sweep, as ATen's pooling_output_shape."""
+    out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _and(a: Any, b: Any) -> Any:
+    if a is None:
+        return b
+    return a if b is None else ops.logical_and(a, b)
+
+
+def _in_range(pos: Expr, lo: Expr | int, hi: Expr | int, check_lo: bool = True, check_hi: bool = True) -> Any:
+    """``lo <= pos < hi`` as a bool value (None when no check is asked for)."""
+    mask = None
+    value = ops.index_expr(pos, I64) if check_lo or check_hi else None
+    if check_lo:
+        mask = ops.ge(value, ops.index_expr(sympy.sympify(lo), I64))
+    if check_hi:
+        mask = _and(mask, ops.lt(value, ops.index_expr(sympy.sympify(hi), I64)))
+    return mask
+
+
+def _flat(pos: Sequence[Expr], sizes: Sequence[int]) -> Expr:
+    flat: Expr = sympy.Integer(0)
+    for p, s in zip(pos, sizes):
+        flat = flat * s + p
+    return flat
+
+
+def _pointwise(like: TensorBox, dtype: torch.dtype, inner_fn: Callable[..., Any], size: Sequence[Expr], origin: str,
+               *inputs: Any) -> TensorBox:
+    return TensorBox.create(Pointwise(like.get_device(), dtype, inner_fn, list(size),
+                                      origins=origins_of(like, *inputs) | {origin}))
+
+
+def _bind(load: Callable[[Sequence[Expr]], Any], index: Sequence[Expr]) -> Callable[[], Any]:
+    return lambda: load(index)
+
+
+# ---------------------------------------------------------------------------------------
+# max pooling
+
+
+class _Sweep:
+    """A strided, dilated, padded window sweep over the last ``n`` dims."""
+
+    def __init__(self, in_sizes: list[int], kernel: list[int], stride: list[int], padding: list[int],
+                 dilation: list[int], ceil_mode: bool) -> None:
+        self.n = len(in_sizes)
+        self.in_sizes, self.kernel, self.stride, self.padding, self.dilation = in_sizes, kernel, stride, padding, dilation
+        self.out_sizes = [_pool_out(*args, ceil_mode) for args in zip(in_sizes, kernel, stride, padding, dilation)]
+        if any(o <= 0 for o in self.out_sizes):
+            raise Unsupported(f"pooling with an empty output {self.out_sizes}")
+
+    def position(self, dim: int, out: Expr, k: int | Expr) -> tuple[Expr, bool, bool]:
+        """Input position of window element ``k`` (a number, or a reduction variable over
+        the window) of output ``out``, and whether it can fall below 0 / at or past the end."""
+        d, p = self.dilation[dim], self.padding[dim]
+        k_lo, k_hi = (k, k) if isinstance(k, int) else (0, self.kernel[dim] - 1)
+        last = (self.out_sizes[dim] - 1) * self.stride[dim] + k_hi * d - p
+        return out * self.stride[dim] + k * d - p, k_lo * d - p < 0, last >= self.in_sizes[dim]
+
+
+def _max_window(x: TensorBox, n: int, kernel: list[int], in_sizes: list[int], position: Position,
+                want_index: bool) -> Callable[[Sequence[Expr]], Any]:
+    """Eager's loop: ``if (v > best || isnan(v)) best = v, at = position`` over the valid
+    positions in row-major order, the first valid position always taken. A loader of the
+    max, or of its flat position in the input's window dims (``want_index``)."""
+    load, dtype = x.make_loader(), _compute_dtype(x.get_dtype())
+    lowest = -math.inf if dtype.is_floating_point else torch.iinfo(dtype).min
+
+    def inner_fn(index: Sequence[Expr]) -> Any:
+        outer, out = list(index[:-n]), list(index[-n:])
+        best = at = None
+        maybe_unset = False  # `at` may still be -1: no valid position seen yet
+        for ks in itertools.product(*[range(k) for k in kernel]):
+            mask, pos = None, []
+            for dim, k in enumerate(ks):
+                p, m = position(dim, out[dim], k)
+                pos.append(p)
+                mask = _and(mask, m)
+            value = load(outer + pos) if mask is None else ops.masked(mask, _bind(load, outer + pos), 0)
+            flat = ops.index_expr(_flat(pos, in_sizes), I64) if want_index else None
+            if best is None:
+                best = value if mask is None else ops.where(mask, value, ops.constant(lowest, dtype))
+                if want_index:
+                    at = flat if mask is None else ops.where(mask, flat, ops.constant(-1, I64))
+                    maybe_unset = mask is not None
+                continue
+            better = ops.logical_or(ops.gt(value, best), ops.isnan(value))
+            if maybe_unset:
+                better = ops.logical_or(better, ops.lt(at, ops.constant(0, I64)))
+            update = better if mask is None else ops.logical_and(mask, better)
+            best = ops.where(update, value, best)
+            if want_index:
+                at = ops.where(update, flat, at)
+                maybe_unset = maybe_unset and mask is not None
+        return at if want_index else best
+
+    return inner_fn
+
+
+def _sweep_position(sweep: _Sweep) -> Position:
+    def position(dim: int, out: Expr, k: int | Expr) -> tuple[Expr, Any]:
+        p, check_lo, check_hi = sweep.position(dim, out, k)
+        return p, _in_range(p, 0, sweep.in_sizes[dim], check_lo, check_hi)
+
+    return position
+
+
+def _max_pool(x: TensorBox, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool,
+              n: int, name: str) -> tuple[TensorBox, TensorBox]:
+    kernel = _ints(kernel_size, n)
+    sweep = _Sweep(_spatial(x, n, name), kernel, _ints(stride, n, kernel), _ints(padding, n), _ints(dilation, n), ceil_mode)
+    if math.prod(kernel) > MAX_UNROLL:
+        raise Unsupported(f"{name}: window {kernel} larger than {MAX_UNROLL} positions")
+    size = list(x.get_size()[:-n]) + [sympy.Integer(o) for o in sweep.out_sizes]
+    position = _sweep_position(sweep)
+    values = _pointwise(x, x.get_dtype(), _max_window(x, n, kernel, sweep.in_sizes, position, False), size, name)
+    indices = _pointwise(x, I64, _max_window(x, n, kernel, sweep.in_sizes, position, True), size, name)
+    return values, indices
+
+
+@register_lowering(aten.max_pool2d_with_indices)
+def max_pool2d_with_indices(x: TensorBox, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1,
+                            ceil_mode: bool = False) -> tuple[TensorBox, TensorBox]:
+    return _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, 2, "max_pool2d")
+
+
+@register_lowering(aten.max_pool3d_with_indices)
+def max_pool3d_with_indices(x: TensorBox, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1,
+                            ceil_mode: bool = False) -> tuple[TensorBox, TensorBox]:
+    return _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, 3, "max_pool3d")
+
+
+def _sweep_candidates(sweep: _Sweep, reach: list[int]) -> list[int]:
+    """Per dim, how many outputs' windows (``reach`` positions long) can hold one input."""
+    return [min(o, -(-r // s)) for o, r, s in zip(sweep.out_sizes, reach, sweep.stride)]
+
+
+def _sweep_candidate(sweep: _Sweep, dim: int, pos: Expr, j: int) -> tuple[Expr, bool, bool]:
+    """Output ``top - j`` (``top`` the last window starting at or before ``pos``), and
+    whether it can be below 0 / at or past the output's end."""
+    s, p = sweep.stride[dim], sweep.padding[dim]
+    top = FloorDiv(pos + p, s)
+    max_top = (sweep.in_sizes[dim] - 1 + p) // s
+    return top - j, j > 0, max_top - j >= sweep.out_sizes[dim]
+
+
+def _gather_sum(grad: TensorBox, in_size: Sequence[Expr], n: int, counts: list[int],
+                candidate: Callable[[int, Expr, int], tuple[Expr, Any]],
+                contribution: Callable[[list[Expr], list[Expr], list[Expr]], Any], dtype: torch.dtype,
+                name: str, *inputs: Any) -> TensorBox:
+    """A backward as a gather: input position ``pos`` sums ``contribution(outer, opos, pos)``
+    over candidate outputs ``opos`` (from ``candidate(dim, pos, j)`` = (position, mask)),
+    in increasing output order."""
+    if math.prod(counts) > MAX_UNROLL:
+        raise Unsupported(f"{name}: {math.prod(counts)} candidate windows per input position")
+    compute = _compute_dtype(dtype)
+
+    def inner_fn(index: Sequence[Expr]) -> Any:
+        outer, pos = list(index[:-n]), list(index[-n:])
+        total = ops.constant(0, compute)
+        for js in itertools.product(*[range(c) for c in counts]):
+            mask, opos = None, []
+            for dim, j in enumerate(js):
+                o, m = candidate(dim, pos[dim], j)
+                opos.append(o)
+                mask = _and(mask, m)
+            value = (contribution(outer, opos, pos) if mask is None
+                     else ops.masked(mask, _bind_contribution(contribution, outer, opos, pos), 0.0))
+            total = ops.add(total, value)
+        return total
+
+    return _pointwise(grad, dtype, inner_fn, in_size, name, *inputs)
+
+
+def _bind_contribution(fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
+    return lambda: fn(*args)
+
+
+def _max_pool_backward(grad: TensorBox, x: TensorBox, kernel_size: Any, stride: Any, padding: Any, dilation: Any,
+                       ceil_mode: bool, indices: TensorBox, n: int, name: str) -> TensorBox:
+    kernel = _ints(kernel_size, n)
+    sweep = _Sweep(_spatial(x, n, name), kernel, _ints(stride, n, kernel), _ints(padding, n), _ints(dilation, n), ceil_mode)
+    counts = _sweep_candidates(sweep, [(k - 1) * d + 1 for k, d in zip(kernel, sweep.dilation)])
+    g_load, i_load, compute = grad.make_loader(), indices.make_loader(), _compute_dtype(grad.get_dtype())
+
+    def candidate(dim: int, pos: Expr, j: int) -> tuple[Expr, Any]:
+        o, check_lo, check_hi = _sweep_candidate(sweep, dim, pos, counts[dim] - 1 - j)
+        return o, _in_range(o, 0, sweep.out_sizes[dim], check_lo, check_hi)
+
+    def contribution(outer: list[Expr], opos: list[Expr], pos: list[Expr]) -> Any:
+        hit = ops.eq(i_load(outer + opos), ops.index_expr(_flat(pos, sweep.in_sizes), I64))
+        return ops.where(hit, g_load(outer + opos), ops.constant(0, compute))
+
+    return _gather_sum(grad, x.get_size(), n, counts, candidate, contribution, grad.get_dtype(), name, indices)
+
+
+@register_lowering(aten.max_pool2d_with_indices_backward)
+def max_pool2d_with_indices_backward(grad: TensorBox, x: TensorBox, kernel_size: Any, stride: Any, padding: Any,
+                                     dilation: Any, ceil_mode: bool, indices: TensorBox) -> TensorBox:
+    return _max_pool_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices, 2,
+                              "max_pool2d_backward")
+
+
+@register_lowering(aten.max_pool3d_with_indices_backward)
+def max_pool3d_with_indices_backward(grad: TensorBox, x: TensorBox, kernel_size: Any, stride: Any, padding: Any,
+                                     dilation: Any, ceil_mode: bool, indices: TensorBox) -> TensorBox:
+    return _max_pool_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices, 3,
+                              "max_pool3d_backward")
+
+
+# ---------------------------------------------------------------------------------------
+# average pooling
+
+
+def _avg_divisor(sweep: _Sweep, out: Sequence[Expr], count_include_pad: bool, divisor_override: int | None,
+                 compute: torch.dtype) -> Any:
+    """Eager's divide factor of the window at ``out``: the window clipped to the padded
+    input (count_include_pad) or to the input itself."""
+    if divisor_override:
+        return ops.constant(float(divisor_override), compute)
+    const, extents = 1, []
+    for dim in range(sweep.n):
+        k, s, p, size = sweep.kernel[dim], sweep.stride[dim], sweep.padding[dim], sweep.in_sizes[dim]
+        start = out[dim] * s - p
+        last_end = (sweep.out_sizes[dim] - 1) * s - p + k
+        if count_include_pad:
+            if last_end <= size + p:
+                const *= k
+            else:
+                extents.append(sympy.Min(start + k, size + p) - start)
+        elif p == 0 and last_end <= size:
+            const *= k
+        else:
+            extents.append(sympy.Min(start + k, size) - sympy.Max(start, 0))
+    if not extents:
+        return ops.constant(float(const), compute)
+    count = sympy.Mul(const, *extents)
+    return ops.to_dtype(ops.index_expr(count, I64), compute)
+
+
+def _avg_pool_args(x: TensorBox, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool, n: int,
+                   name: str) -> _Sweep:
+    if not x.get_dtype().is_floating_point:
+        raise Unsupported(f"{name} of {x.get_dtype()} (integer division)")
+    kernel = _ints(kernel_size, n)
+    return _Sweep(_spatial(x, n, name), kernel, _ints(stride, n, kernel), _ints(padding, n), [1] * n, ceil_mode)
+
+
+def _window_sum(x: TensorBox, n: int, kernel: list[int], position: Position,
+                size: list[Expr], compute: torch.dtype, name: str) -> Callable[[Sequence[Expr]], Any]:
+    """A loader for the sum over each output's window (``position(dim, out, k)`` =
+    (input position, mask)): unrolled in row-major order, or a Reduction for big windows."""
+    load = x.make_loader()
+
+    def element(outer: list[Expr], out: list[Expr], ks: Sequence[Any]) -> Any:
+        mask, pos = None, []
+        for dim, k in enumerate(ks):
+            p, m = position(dim, out[dim], k)
+            pos.append(p)
+            mask = _and(mask, m)
+        return load(outer + pos) if mask is None else ops.masked(mask, _bind(load, outer + pos), 0.0)
+
+    if math.prod(kernel) <= MAX_UNROLL:
+        def unrolled(index: Sequence[Expr]) -> Any:
+            outer, out = list(index[:-n]), list(index[-n:])
+            total = ops.constant(0, compute)
+            for ks in itertools.product(*[range(k) for k in kernel]):
+                total = ops.add(total, element(outer, out, ks))
+            return total
+
+        return unrolled
+
+    def reduced(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+        return element(list(index[:-n]), list(index[-n:]), list(rindex))
+
+    node = TensorBox.create(Reduction(x.get_device(), compute, reduced, list(size), origins=x.origins | {name},
+                                      src_dtype=compute, reduction_ranges=[sympy.Integer(k) for k in kernel],
+                                      reduction_type="sum"))
+    node.realize()
+    return node.make_loader()
+
+
+def _avg_pool(x: TensorBox, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool, count_include_pad: bool,
+              divisor_override: int | None, n: int, name: str) -> TensorBox:
+    sweep = _avg_pool_args(x, kernel_size, stride, padding, ceil_mode, n, name)
+    compute = _compute_dtype(x.get_dtype())
+    size = list(x.get_size()[:-n]) + [sympy.Integer(o) for o in sweep.out_sizes]
+
+    total = _window_sum(x, n, sweep.kernel, _sweep_position(sweep), size, compute, name)
+
+    def inner_fn(index: Sequence[Expr]) -> Any:
+        divisor = _avg_divisor(sweep, list(index[-n:]), count_include_pad, divisor_override, compute)
+        return ops.truediv(total(index), divisor)
+
+    return _pointwise(x, x.get_dtype(), inner_fn, size, name)
+
+
+@register_lowering(aten.avg_pool2d)
+def avg_pool2d(x: TensorBox, kernel_size: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: int | None = None) -> TensorBox:
+    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2, "avg_pool2d")
+
+
+@register_lowering(aten.avg_pool3d)
+def avg_pool3d(x: TensorBox, kernel_size: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: int | None = None) -> TensorBox:
+    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3, "avg_pool3d")
+
+
+def _avg_pool_backward(grad: TensorBox, x: TensorBox, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
+                       count_include_pad: bool, divisor_override: int | None, n: int, name: str) -> TensorBox:
+    sweep = _avg_pool_args(x, kernel_size, stride, padding, ceil_mode, n, name)
+    counts = _sweep_candidates(sweep, sweep.kernel)
+    g_load, compute = grad.make_loader(), _compute_dtype(grad.get_dtype())
+
+    def candidate(dim: int, pos: Expr, j: int) -> tuple[Expr, Any]:
+        jj = counts[dim] - 1 - j
+        o, check_lo, check_hi = _sweep_candidate(sweep, dim, pos, jj)
+        mask = _in_range(o, 0, sweep.out_sizes[dim], check_lo, check_hi)
+        s, p, k = sweep.stride[dim], sweep.padding[dim], sweep.kernel[dim]
+        if jj * s + s - 1 >= k:  # the window of output `o` may end before `pos`
+            mask = _and(mask, _in_range(pos + p - o * s, 0, k, check_lo=False))
+        return o, mask
+
+    def contribution(outer: list[Expr], opos: list[Expr], pos: list[Expr]) -> Any:
+        return ops.truediv(g_load(outer + opos), _avg_divisor(sweep, opos, count_include_pad, divisor_override, compute))
+
+    return _gather_sum(grad, x.get_size(), n, counts, candidate, contribution, grad.get_dtype(), name)
+
+
+@register_lowering(aten.avg_pool2d_backward)
+def avg_pool2d_backward(grad: TensorBox, x: TensorBox, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
+                        count_include_pad: bool, divisor_override: int | None = None) -> TensorBox:
+    return _avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
+                              2, "avg_pool2d_backward")
+
+
+@register_lowering(aten.avg_pool3d_backward)
+def avg_pool3d_backward(grad: TensorBox, x: TensorBox, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
+                        count_include_pad: bool, divisor_override: int | None = None) -> TensorBox:
+    return _avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
+                              3, "avg_pool3d_backward")
+
+
+# ---------------------------------------------------------------------------------------
+# adaptive pooling: output ``o`` pools input [floor(o*IN/OUT), ceil((o+1)*IN/OUT))
+
+
+class _Adaptive:
+    def __init__(self, in_sizes: list[int], out_sizes: list[int], name: str) -> None:
+        if any(o <= 0 for o in out_sizes) or any(i <= 0 for i in in_sizes):
+            raise Unsupported(f"{name} from {in_sizes} to {out_sizes}")
+        self.n, self.in_sizes, self.out_sizes = len(in_sizes), in_sizes, out_sizes
+        spans = [[self._end_int(d, o) - self._start_int(d, o) for o in range(out_sizes[d])] for d in range(self.n)]
+        self.kernel = [max(s) for s in spans]  # the largest window
+        self.min_kernel = [min(s) for s in spans]
+        # per dim: the first output holding input i is floor(i*OUT/IN); how many hold it
+        self.counts: list[int] = []
+        self.min_counts: list[int] = []
+        for d in range(self.n):
+            holders: list[list[int]] = [[] for _ in range(in_sizes[d])]
+            for o in range(out_sizes[d]):
+                for i in range(self._start_int(d, o), self._end_int(d, o)):
+                    holders[i].append(o)
+            assert all(h[0] == i * out_sizes[d] // in_sizes[d] for i, h in enumerate(holders))
+            self.counts.append(max(len(h) for h in holders))
+            self.min_counts.append(min(len(h) for h in holders))
+
+    def _start_int(self, d: int, o: int) -> int:
+        return o * self.in_sizes[d] // self.out_sizes[d]
+
+    def _end_int(self, d: int, o: int) -> int:
+        return -(-(o + 1) * self.in_sizes[d] // self.out_sizes[d])
+
+    def start(self, d: int, o: Expr) -> Expr:
+        return FloorDiv(o * self.in_sizes[d], self.out_sizes[d])
+
+    def end(self, d: int, o: Expr) -> Expr:
+        return FloorDiv((o + 1) * self.in_sizes[d] + self.out_sizes[d] - 1, self.out_sizes[d])
+
+    def position(self, d: int, o: Expr, k: int | Expr) -> tuple[Expr, Any]:
+        """Input position of window element ``k`` of output ``o``, and its validity mask."""
+        start = self.start(d, o)
+        needs_mask = not isinstance(k, int) or k >= self.min_kernel[d]
+        return start + k, _in_range(start + k, 0, self.end(d, o), check_lo=False, check_hi=needs_mask)
+
+    def extent(self, d: int, o: Expr) -> Expr:
+        return self.end(d, o) - self.start(d, o)
+
+    def holder(self, d: int, pos: Expr, j: int) -> tuple[Expr, Any]:
+        """Candidate output ``j`` for input ``pos`` and whether it holds ``pos``. Windows
+        move monotonically, so only its start can exclude ``pos`` (and start(OUT) = IN)."""
+        o = FloorDiv(pos * self.out_sizes[d], self.in_sizes[d]) + j
+        if j < self.min_counts[d]:
+            return o, None
+        return o, ops.le(ops.index_expr(self.start(d, o), I64), ops.index_expr(pos, I64))
+
+
+def _adaptive(x: TensorBox, output_size: Any, n: int, name: str) -> tuple[_Adaptive, list[Expr]]:
+    in_sizes = _spatial(x, n, name)
+    out_sizes = [int(o) if o is not None else i for o, i in zip(_ints(output_size, n), in_sizes)]
+    size = list(x.get_size()[:-n]) + [sympy.Integer(o) for o in out_sizes]
+    return _Adaptive(in_sizes, out_sizes, name), size
+
+
+def _divide_by_extents(value: Any, ad: _Adaptive, out: list[Expr], compute: torch.dtype) -> Any:
+    """``value / kh / kw``: one division per dim, as eager rounds."""
+    for d in range(ad.n):
+        value = ops.truediv(value, ops.to_dtype(ops.index_expr(ad.extent(d, out[d]), I64), compute))
+    return value
+
+
+def _adaptive_avg_pool(x: TensorBox, output_size: Any, n: int, name: str) -> TensorBox:
+    if not x.get_dtype().is_floating_point:
+        raise Unsupported(f"{name} of {x.get_dtype()}")
+    ad, size = _adaptive(x, output_size, n, name)
+    compute = _compute_dtype(x.get_dtype())
+    total = _window_sum(x, n, ad.kernel, ad.position, size, compute, name)
+
+    def inner_fn(index: Sequence[Expr]) -> Any:
+        return _divide_by_extents(total(index), ad, list(index[-n:]), compute)
+
+    return _pointwise(x, x.get_dtype(), inner_fn, size, name)
+
+
+@register_lowering(aten._adaptive_avg_pool2d)
+def adaptive_avg_pool2d(x: TensorBox, output_size: Any) -> TensorBox:
+    return _adaptive_avg_pool(x, output_size, 2, "adaptive_avg_pool2d")
+
+
+@register_lowering(aten._adaptive_avg_pool3d)
+def adaptive_avg_pool3d(x: TensorBox, output_size: Any) -> TensorBox:
+    return _adaptive_avg_pool(x, output_size, 3, "adaptive_avg_pool3d")
+
+
+def _adaptive_avg_pool_backward(grad: TensorBox, x: TensorBox, n: int, name: str) -> TensorBox:
+    ad, _ = _adaptive(x, grad.get_size()[-n:], n, name)
+    g_load, compute = grad.make_loader(), _compute_dtype(grad.get_dtype())
+
+    def contribution(outer: list[Expr], opos: list[Expr], pos: list[Expr]) -> Any:
+        return _divide_by_extents(g_load(outer + opos), ad, opos, compute)
+
+    return _gather_sum(grad, x.get_size(), n, ad.counts, ad.holder, contribution, grad.get_dtype(), name)
+
+
+@register_lowering(aten._adaptive_avg_pool2d_backward)
+def adaptive_avg_pool2d_backward(grad: TensorBox, x: TensorBox) -> TensorBox:
+    return _adaptive_avg_pool_backward(grad, x, 2, "adaptive_avg_pool2d_backward")
+
+
+@register_lowering(aten._adaptive_avg_pool3d_backward)
+def adaptive_avg_pool3d_backward(grad: TensorBox, x: TensorBox) -> TensorBox:
+    return _adaptive_avg_pool_backward(grad, x, 3, "adaptive_avg_pool3d_backward")
+
+
+def _adaptive_max_pool(x: TensorBox, output_size: Any, n: int, name: str) -> tuple[TensorBox, TensorBox]:
+    ad, size = _adaptive(x, output_size, n, name)
+    if math.prod(ad.kernel) <= MAX_UNROLL:
+        values = _pointwise(x, x.get_dtype(), _max_window(x, n, ad.kernel, ad.in_sizes, ad.position, False), size, name)
+        indices = _pointwise(x, I64, _max_window(x, n, ad.kernel, ad.in_sizes, ad.position, True), size, name)
+        return values, indices
+    return _adaptive_max_reduced(x, ad, size, name)
+
+
+def _adaptive_max_reduced(x: TensorBox, ad: _Adaptive, size: list[Expr], name: str) -> tuple[TensorBox, TensorBox]:
+    """Big windows: a max and an argmax Reduction over the largest window, positions past
+    a window's end reading as the lowest value (they come after its valid ones, so argmax
+    keeps a valid one). Differs from eager only in which NaN's index is returned."""
+    n, load, dtype = ad.n, x.make_loader(), _compute_dtype(x.get_dtype())
+    lowest = -math.inf if dtype.is_floating_point else torch.iinfo(dtype).min
+
+    def reduced(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+        outer, out = list(index[:-n]), list(index[-n:])
+        mask, pos = None, []
+        for d in range(n):
+            p, m = ad.position(d, out[d], rindex[d])
+            pos.append(p)
+            mask = _and(mask, m)
+        return ops.masked(mask, _bind(load, outer + pos), lowest)
+
+    def reduction(kind: str, dtype: torch.dtype) -> TensorBox:
+        node = TensorBox.create(Reduction(x.get_device(), dtype, reduced, list(size), origins=x.origins | {name},
+                                          src_dtype=x.get_dtype(), reduction_ranges=[sympy.Integer(k) for k in ad.kernel],
+                                          reduction_type=kind))
+        node.realize()
+        return node
+
+    values, arg = reduction("max", x.get_dtype()), reduction("argmax", I64)
+    arg_load = arg.make_loader()
+
+    def to_position(index: Sequence[Expr]) -> Any:
+        r, flat = arg_load(index), None
+        out = list(index[-n:])
+        for d in range(n):
+            inner = math.prod(ad.kernel[d + 1:])
+            k = ops.mod(ops.floordiv(r, ops.constant(inner, I64)), ops.constant(ad.kernel[d], I64))
+            p = ops.add(ops.index_expr(ad.start(d, out[d]), I64), k)
+            flat = p if flat is None else ops.add(ops.mul(flat, ops.constant(ad.in_sizes[d], I64)), p)
+        return flat
+
+    return values, _pointwise(x, I64, to_position, size, name, arg)
+
+
+@register_lowering(aten.adaptive_max_pool2d)
+def adaptive_max_pool2d(x: TensorBox, output_size: Any) -> tuple[TensorBox, TensorBox]:
+    return _adaptive_max_pool(x, output_size, 2, "adaptive_max_pool2d")
+
+
+@register_lowering(aten.adaptive_max_pool3d)
+def adaptive_max_pool3d(x: TensorBox, output_size: Any) -> tuple[TensorBox, TensorBox]:
+    return _adaptive_max_pool(x, output_size, 3, "adaptive_max_pool3d")
+
+
+def _adaptive_max_pool_backward(grad: TensorBox, x: TensorBox, indices: TensorBox, n: int, name: str) -> TensorBox:
+    ad, _ = _adaptive(x, grad.get_size()[-n:], n, name)
+    g_load, i_load, compute = grad.make_loader(), indices.make_loader(), _compute_dtype(grad.get_dtype())
+
+    def contribution(outer: list[Expr], opos: list[Expr], pos: list[Expr]) -> Any:
+        hit = ops.eq(i_load(outer + opos), ops.index_expr(_flat(pos, ad.in_sizes), I64))
+        return ops.where(hit, g_load(outer + opos), ops.constant(0, compute))
+
+    return _gather_sum(grad, x.get_size(), n, ad.counts, ad.holder, contribution, grad.get_dtype(), name, indices)
+
+
+@register_lowering(aten.adaptive_max_pool2d_backward)
+def adaptive_max_pool2d_backward(grad: TensorBox, x: TensorBox, indices: TensorBox) -> TensorBox:
+    return _adaptive_max_pool_backward(grad, x, indices, 2, "adaptive_max_pool2d_backward")
+
+
+@register_lowering(aten.adaptive_max_pool3d_backward)
+def adaptive_max_pool3d_backward(grad: TensorBox, x: TensorBox, indices: TensorBox) -> TensorBox:
+    return _adaptive_max_pool_backward(grad, x, indices, 3, "adaptive_max_pool3d_backward")
+
+
+# ---------------------------------------------------------------------------------------
+# reflection / replication padding: index math on the source position, no copy
+
+
+def _index_pad(x: TensorBox, padding: Sequence[Any], n: int, name: str,
+               source: Callable[[Expr, int], Expr]) -> TensorBox:
+    pads = [int(p) for p in padding]
+    if len(pads) != 2 * n or any(p < 0 for p in pads):
+        raise Unsupported(f"{name} with padding {pads}")
+    in_sizes = _spatial(x, n, name)
+    lows = [pads[2 * (n - 1 - d)] for d in range(n)]
+    highs = [pads[2 * (n - 1 - d) + 1] for d in range(n)]
+    size = list(x.get_size()[:-n]) + [sympy.Integer(i + lo + hi) for i, lo, hi in zip(in_sizes, lows, highs)]
+    load = x.make_loader()
+
+    def inner_fn(index: Sequence[Expr]) -> Any:
+        out = list(index[-n:])
+        pos = [source(out[d] - lows[d], in_sizes[d]) if lows[d] or highs[d] else out[d] for d in range(n)]
+        return load(list(index[:-n]) + pos)
+
+    return _pointwise(x, x.get_dtype(), inner_fn, size, name)
+
+
+def _reflect(i: Expr, size: int) -> Expr:
+    """``size-1 - |size-1 - |i||``: mirrors -k to k and size-1+k to size-1-k."""
+    folded = (size - 1) - sympy.Max(i, -i)
+    return (size - 1) - sympy.Max(folded, -folded)
+
+
+def _replicate(i: Expr, size: int) -> Expr:
+    return sympy.Min(sympy.Max(i, 0), size - 1)
+
+
+def _reflection(n: int) -> Callable[[TensorBox, Sequence[Any]], TensorBox]:
+    def lowering(x: TensorBox, padding: Sequence[Any]) -> TensorBox:
+        if any(int(p) >= s for p, s in zip(padding, [s for s in _spatial(x, n, "reflection_pad") for _ in (0, 1)][::-1])):
+            raise Unsupported("reflection padding as large as the input (eager raises)")
+        return _index_pad(x, padding, n, f"reflection_pad{n}d", _reflect)
+
+    return lowering
+
+
+def _replication(n: int) -> Callable[[TensorBox, Sequence[Any]], TensorBox]:
+    def lowering(x: TensorBox, padding: Sequence[Any]) -> TensorBox:
+        return _index_pad(x, padding, n, f"replication_pad{n}d", _replicate)
+
+    return lowering
+
+
+for _n, _ops in ((1, (aten.reflection_pad1d, aten.replication_pad1d)), (2, (aten.reflection_pad2d, aten.replication_pad2d)),
+                 (3, (aten.reflection_pad3d, aten.replication_pad3d))):
+    register_lowering(_ops[0])(_reflection(_n))
+    register_lowering(_ops[1])(_replication(_n))
+
+
+def _replication_backward(n: int) -> Callable[[TensorBox, TensorBox, Sequence[Any]], TensorBox]:
+    """Each input position sums the outputs that replicate it: one inside, the whole pad
+    run at an edge, in increasing output order (eager's scatter order)."""
+
+    def lowering(grad: TensorBox, x: TensorBox, padding: Sequence[Any]) -> TensorBox:
+        name = f"replication_pad{n}d_backward"
+        pads = [int(p) for p in padding]
+        if len(pads) != 2 * n or any(p < 0 for p in pads):
+            raise Unsupported(f"{name} with padding {pads}")
+        in_sizes = _spatial(x, n, name)
+        lows = [pads[2 * (n - 1 - d)] for d in range(n)]
+        highs = [pads[2 * (n - 1 - d) + 1] for d in range(n)]
+        counts = [lo + hi + 1 if size == 1 else max(lo, hi) + 1 for lo, hi, size in zip(lows, highs, in_sizes)]
+        g_load = grad.make_loader()
+
+        def candidate(d: int, pos: Expr, j: int) -> tuple[Expr, Any]:
+            o = pos + lows[d] * sympy.Min(pos, 1) + j  # the first output replicating pos, then on
+            if j == 0:
+                return o, None
+            out_size = in_sizes[d] + lows[d] + highs[d]
+            same = ops.eq(ops.index_expr(_replicate(o - lows[d], in_sizes[d]), I64), ops.index_expr(pos, I64))
+            return o, ops.logical_and(_in_range(o, 0, out_size, check_lo=False), same)
+
+        def contribution(outer: list[Expr], opos: list[Expr], pos: list[Expr]) -> Any:
+            return g_load(outer + opos)
+
+        return _gather_sum(grad, x.get_size(), n, counts, candidate, contribution, grad.get_dtype(), name)
+
+    return lowering
+
+
+register_lowering(aten.replication_pad1d_backward)(_replication_backward(1))
+register_lowering(aten.replication_pad2d_backward)(_replication_backward(2))
+register_lowering(aten.replication_pad3d_backward)(_replication_backward(3))

@@ -1,0 +1,157 @@
+"""Pooling (max/avg/adaptive, forward and backward) and padding, lowered to fused loops.
+
+Windows up to ``windows.MAX_UNROLL`` positions are unrolled in eager's order with eager's
+update rule, so those results are compared bit for bit; larger windows are Reductions
+(float sums reassociate) and compared with the default tolerance.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minductor import metrics
+
+EXACT = {"rtol": 0, "atol": 0}
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    torch._dynamo.reset()
+    metrics.reset()
+
+
+def check(fn: Callable[..., Any], x: torch.Tensor, *, exact: bool = True, backward: bool = True) -> None:
+    """Forward (and backward) match eager, with no aten fallback."""
+    tol = EXACT if exact else {}
+    xa, xb = x.clone().requires_grad_(backward), x.clone().requires_grad_(backward)
+    out = torch.compile(fn, backend="minductor", dynamic=False)(xa)
+    ref = fn(xb)
+    torch.testing.assert_close(out, ref, equal_nan=True, **tol)
+    if backward:
+        values = out[0] if isinstance(out, tuple) else out
+        grad = torch.randn_like(values)
+        values.backward(grad)
+        (ref[0] if isinstance(ref, tuple) else ref).backward(grad)
+        if x.dtype in (torch.float16, torch.bfloat16):
+            # eager accumulates fp16/bf16 gradients in fp16/bf16 (we sum in float32 and
+            # round once): compare both with a float64 reference instead
+            x64 = x.double().requires_grad_()
+            out64 = fn(x64)
+            (out64[0] if isinstance(out64, tuple) else out64).backward(grad.double())
+            torch.testing.assert_close(xa.grad.double(), x64.grad, rtol=1e-2, atol=2e-2)
+        else:
+            torch.testing.assert_close(xa.grad, xb.grad, equal_nan=True, **tol)
+    assert not metrics.fallback_ops, metrics.fallback_ops
+
+
+def image(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    torch.manual_seed(sum(shape))
+    return torch.randn(shape, dtype=dtype)
+
+
+# (kernel, stride, padding, dilation, ceil_mode)
+MAX_POOL = {
+    "k3s2p1": (3, 2, 1, 1, False),
+    "k2s2": (2, 2, 0, 1, False),
+    "k3s2p1_ceil": (3, 2, 1, 1, True),
+    "rect_dilated_ceil": ((2, 3), (1, 2), (1, 0), (2, 1), True),
+    "k3s1p1_dilated": (3, 1, 1, 2, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MAX_POOL))
+def test_max_pool2d_with_indices(case: str) -> None:
+    k, s, p, d, c = MAX_POOL[case]
+    x = image(2, 3, 9, 10)
+    x[0, 0, 2, 3:5] = float("nan")  # two NaNs in one window: eager returns the last one's index
+    x[1, 1, :4, :4] = -float("inf")  # all -inf windows: eager returns the first valid position
+    check(lambda t: F.max_pool2d(t, k, s, p, d, ceil_mode=c, return_indices=True), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.int64])
+def test_max_pool2d_dtypes(dtype: torch.dtype) -> None:
+    x = image(2, 3, 7, 7).mul(4).to(dtype)
+    check(lambda t: F.max_pool2d(t, 3, 2, 1, return_indices=True), x, backward=dtype.is_floating_point)
+
+
+def test_max_pool_1d_3d_channels_last_unbatched() -> None:
+    check(lambda t: F.max_pool1d(t, 3, 2, 1, return_indices=True), image(2, 3, 9))
+    check(lambda t: F.max_pool3d(t, 2, 2, 1, return_indices=True), image(2, 3, 5, 6, 7))
+    check(lambda t: F.max_pool2d(t, 3, 2, 1), image(2, 3, 9, 9).to(memory_format=torch.channels_last))
+    check(lambda t: F.max_pool2d(t, 3, 2, 1), image(3, 9, 9))
+
+
+def test_max_pool_big_window_falls_back() -> None:
+    fn = torch.compile(lambda t: F.max_pool2d(t, 7, 1, 3), backend="minductor")
+    torch.testing.assert_close(fn(image(1, 2, 9, 9)), F.max_pool2d(image(1, 2, 9, 9), 7, 1, 3))
+    assert metrics.fallback_ops
+
+
+# (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+AVG_POOL = {
+    "k3s2p1": (3, 2, 1, False, True, None),
+    "k3s2p1_ceil_exclude_pad": (3, 2, 1, True, False, None),
+    "k3s2p1_ceil_include_pad": (3, 2, 1, True, True, None),
+    "k2s2": (2, 2, 0, False, True, None),
+    "rect_ceil": ((2, 3), (1, 2), (1, 0), True, True, None),
+    "divisor_override": (3, 1, 1, False, False, 5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AVG_POOL))
+def test_avg_pool2d(case: str) -> None:
+    k, s, p, c, cip, div = AVG_POOL[case]
+    check(lambda t: F.avg_pool2d(t, k, s, p, c, cip, div), image(2, 3, 9, 10))
+
+
+def test_avg_pool_big_window_is_a_reduction() -> None:
+    check(lambda t: F.avg_pool2d(t, 6, 3, 3, ceil_mode=True, count_include_pad=False), image(2, 3, 9, 10), exact=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_avg_pool2d_dtypes(dtype: torch.dtype) -> None:
+    check(lambda t: F.avg_pool2d(t, 3, 2, 1), image(2, 3, 9, 9, dtype=dtype))
+
+
+def test_avg_pool_1d_3d() -> None:
+    check(lambda t: F.avg_pool1d(t, 3, 2, 1), image(2, 3, 9))
+    check(lambda t: F.avg_pool3d(t, 2, 2, 1, ceil_mode=True, count_include_pad=False), image(2, 3, 5, 6, 7))
+
+
+@pytest.mark.parametrize("out", [(3, 5), (4, 4), (5, 7), (9, 10), (9, None), (1, 1), (2, 1)], ids=str)
+def test_adaptive_pool2d(out: tuple[int, int | None]) -> None:
+    x = image(2, 3, 9, 10)
+    exact = out not in [(1, 1), (2, 1)]  # windows above MAX_UNROLL reduce in another order
+    check(lambda t: F.adaptive_avg_pool2d(t, out), x, exact=exact)
+    torch._dynamo.reset()
+    check(lambda t: F.adaptive_max_pool2d(t, out, return_indices=True), x)
+
+
+def test_adaptive_pool_1d_3d_half() -> None:
+    check(lambda t: F.adaptive_avg_pool3d(t, (2, 3, 2)), image(2, 3, 5, 6, 7))
+    check(lambda t: F.adaptive_max_pool3d(t, (2, 3, 2), return_indices=True), image(2, 3, 5, 6, 7))
+    check(lambda t: F.adaptive_avg_pool1d(t, 4), image(2, 3, 9))
+    check(lambda t: F.adaptive_max_pool1d(t, 4, return_indices=True), image(2, 3, 9))
+    check(lambda t: F.adaptive_avg_pool2d(t, 3), image(2, 3, 9, 9, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+def test_reflection_replication_pad(mode: str) -> None:
+    exact_grad = mode == "replicate"  # reflection's backward is a decomposition into index_put
+    check(lambda t: F.pad(t, (1, 2, 3, 0), mode=mode) * 2, image(2, 3, 6, 7), exact=exact_grad)
+    check(lambda t: F.pad(t, (3, 2), mode=mode), image(2, 1 if mode == "replicate" else 5), exact=exact_grad)
+    check(lambda t: F.pad(t, (1, 2, 2, 1, 1, 1), mode=mode), image(1, 2, 3, 4, 5), exact=exact_grad)
+    check(lambda t: F.pad(t, (1, 2, 2, 1), mode=mode), image(1, 2, 3, 4).to(memory_format=torch.channels_last),
+          exact=exact_grad)
+
+
+def test_pool_fuses_with_neighbours() -> None:
+    """A pool reads its producer through masked loads: relu -> pad -> pool is one kernel."""
+    fn = torch.compile(lambda t: F.avg_pool2d(F.pad(t.relu(), (1, 1, 1, 1)), 3, 2), backend="minductor")
+    x = image(2, 3, 8, 8)
+    torch.testing.assert_close(fn(x), F.avg_pool2d(F.pad(x.relu(), (1, 1, 1, 1)), 3, 2))
+    assert not metrics.fallback_ops and metrics.generated_kernel_count == 1
