@@ -84,9 +84,17 @@ def _int_identity_or(name: str, origin: str) -> Any:
             return x
         if name == "abs" and x.get_dtype() == torch.bool:
             return x
+        if name == "sign" and x.get_dtype().is_floating_point:
+            return _sign_float(x)
         return fn(x)
 
     return lowering
+
+
+def _sign_float(x: TensorBox) -> TensorBox:
+    """sign with eager's sign(NaN) == 0 (its CPU kernels compute ``(0 < x) - (x < 0)``)."""
+    compute = torch.float32 if x.get_dtype() in (torch.float16, torch.bfloat16) else x.get_dtype()
+    return make_pointwise(lambda v: ops.where(ops.isnan(v), ops.constant(0, compute), ops.sign(v)), name="sign")(x)
 
 
 def _logical(name: str, origin: str) -> Any:
@@ -237,6 +245,18 @@ for _aten_op, _name in [
     (aten.nextafter, "nextafter"),
 ]:
     register_lowering(_aten_op)(make_pointwise(_op(_name), name=_name))
+
+
+def _nan_ignoring(name: str) -> Any:
+    """fmax/fmin: like maximum/minimum, but a NaN loses to a number."""
+    def body(a: Any, b: Any) -> Any:
+        return ops.where(ops.isnan(b), a, ops.where(ops.isnan(a), b, _op(name)(a, b)))
+
+    return make_pointwise(body, name=f"f{name[:3]}")
+
+
+register_lowering(aten.fmax)(_nan_ignoring("maximum"))
+register_lowering(aten.fmin)(_nan_ignoring("minimum"))
 for _aten_op, _name in [(aten.atan2, "atan2"), (aten.hypot, "hypot")]:
     register_lowering(_aten_op)(make_pointwise(_op(_name), Promotion.INT_TO_FLOAT, name=_name))
 for _aten_op, _name in [

@@ -1,26 +1,43 @@
-"""Indirect reads: advanced indexing, gather, index_select, embedding.
+"""Indirect reads: advanced indexing, gather, index_select, embedding; flip.
 
 Each is a Pointwise whose body loads an index tensor, turns the value into an index
-symbol with ``ops.indirect_indexing`` (negative indices wrap; out-of-range ones make the
-wrapper raise IndexError like eager) and loads the source there, so it fuses with what
-consumes it.
+symbol with ``ops.indirect_indexing`` and loads the source there, so it fuses with what
+consumes it. Out-of-range indices make the wrapper raise IndexError like eager; negative
+indices wrap for advanced indexing and are out of range for gather, index_select and
+embedding, as in eager.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import sympy
 import torch
 
 from minductor.ir.nodes import Pointwise, TensorBox
 from minductor.ir.ops import ops
-from minductor.lowering.registry import Unsupported, aten, broadcast_shapes, expand_to, is_tensor, origins_of, register_lowering
+from minductor.lowering.registry import (
+    Unsupported,
+    aten,
+    broadcast_shapes,
+    expand_to,
+    is_tensor,
+    origins_of,
+    register_lowering,
+)
 
 Expr = sympy.Expr
 
 
 def _dim(d: int, ndim: int) -> int:
     return d + ndim if d < 0 else d
+
+
+def _index_no_wrap(value: Any, size: Expr, dtype: torch.dtype) -> Expr:
+    """An index symbol for ops where eager rejects negative indices (gather, index_select,
+    embedding): a negative value is mapped past the end, so the bounds check raises."""
+    negative = ops.lt(value, ops.constant(0, dtype))
+    return ops.indirect_indexing(ops.where(negative, ops.index_expr(size, dtype), value), size)
 
 
 def _pointwise(x: TensorBox, size: Sequence[Expr], inner_fn: Any, origin: str, *inputs: Any) -> TensorBox:
@@ -71,7 +88,7 @@ def gather(x: TensorBox, dim: int, index: TensorBox, sparse_grad: bool = False) 
 
     def inner_fn(idx: Sequence[Expr]) -> Any:
         full = list(idx)
-        full[dim] = ops.indirect_indexing(index_load(idx), size[dim])
+        full[dim] = _index_no_wrap(index_load(idx), size[dim], index.get_dtype())
         return load(full)
 
     return _pointwise(x, index.get_size(), inner_fn, "gather", index)
@@ -89,7 +106,7 @@ def index_select(x: TensorBox, dim: int, index: TensorBox) -> TensorBox:
     def inner_fn(idx: Sequence[Expr]) -> Any:
         full = list(idx)
         position = [idx[dim]] if len(index.get_size()) == 1 else []
-        full[dim] = ops.indirect_indexing(index_load(position), size[dim])
+        full[dim] = _index_no_wrap(index_load(position), size[dim], index.get_dtype())
         return load(full)
 
     return _pointwise(x, out_size, inner_fn, "index_select", index)
@@ -105,7 +122,20 @@ def embedding(weight: TensorBox, indices: TensorBox, padding_idx: int = -1, scal
     n = len(indices.get_size())
 
     def inner_fn(idx: Sequence[Expr]) -> Any:
-        row = ops.indirect_indexing(index_load(list(idx[:n])), rows)
+        row = _index_no_wrap(index_load(list(idx[:n])), rows, indices.get_dtype())
         return load([row, idx[n]])
 
     return _pointwise(weight, list(indices.get_size()) + [dim], inner_fn, "embedding", indices)
+
+
+@register_lowering(aten.flip)
+def flip(x: TensorBox, dims: Sequence[int]) -> TensorBox:
+    """A copy read backwards along ``dims`` (not a view: strides cannot be negative)."""
+    size = x.get_size()
+    flipped = {_dim(d, len(size)) for d in dims}
+    load = x.make_loader()
+
+    def inner_fn(idx: Sequence[Expr]) -> Any:
+        return load([size[d] - 1 - i if d in flipped else i for d, i in enumerate(idx)])
+
+    return _pointwise(x, size, inner_fn, "flip")

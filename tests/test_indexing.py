@@ -1,0 +1,95 @@
+"""Indirect reads (advanced indexing, gather, index_select, embedding, take, take_along_dim)
+and flip: fused loops, no aten fallback, eager's results and eager's errors."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minductor import metrics
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    torch._dynamo.reset()
+    metrics.reset()
+
+
+def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return torch.compile(fn, backend="minductor", dynamic=False)
+
+
+torch.manual_seed(0)
+X = torch.randn(4, 5, 6, 7)
+I = torch.tensor([[0, -1], [2, 3]])
+J = torch.tensor([1, -5])
+CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
+    "adjacent_pair": (lambda x, i, j: x[:, i, j], (X, I, J)),
+    "separated_by_slice": (lambda x, i, j: x[i, :, j], (X, I, J)),
+    "three_separated": (lambda x, i, j: x[i, :, j, i], (X, I, J)),
+    "ellipsis_last_dim": (lambda x, i: x[..., i], (X, I)),
+    "int32_index": (lambda x, i: x[:, i.int()], (X, I)),
+    "transposed_source": (lambda x, i: x.transpose(1, 3)[i], (X, I)),
+    "expanded_source": (lambda x, i: x.expand(3, 5, 7)[:, i], (torch.randn(1, 5, 1), I)),
+    "index_from_0d_tensor": (lambda x, i: x[:, i[0, 1]], (X, I)),
+    "one_element_broadcast": (lambda x, i, j: x[i[:1, :1], j], (X, I, J)),
+    "half_source": (lambda x, i: x.half()[i, 2], (X, I)),
+    "unsafe_index": (lambda x, i: torch.ops.aten._unsafe_index(x, [None, i]), (X, I)),
+    "gather_negative_dim": (lambda x, i: torch.gather(x, -1, i), (X, torch.randint(0, 7, (4, 5, 6, 2)))),
+    "gather_smaller_index": (lambda x, i: torch.gather(x, 1, i), (X, torch.randint(0, 5, (2, 3, 1, 7)))),
+    "index_select_0d_index": (lambda x, i: torch.index_select(x, 1, i[1, 0]), (X, I)),
+    "index_select_int32": (lambda x, i: torch.index_select(x, 3, i.int().abs().flatten()), (X, I)),
+    "embedding_padding_idx": (lambda w, i: F.embedding(i, w, padding_idx=0), (torch.randn(10, 4), torch.tensor([[1, 9], [0, 0]]))),
+    "embedding_1d_indices": (lambda w, i: F.embedding(i, w) * 2, (torch.randn(10, 4), torch.tensor([1, 9, 0]))),
+    "take_wraps_negative": (lambda x, i: torch.take(x, i), (X, torch.tensor([[0, -1], [100, 839]]))),
+    "take_along_dim_flat": (lambda x, i: torch.take_along_dim(x, i), (X, torch.tensor([0, 5, 839]))),
+    "flip": (lambda x: torch.flip(x, (0, -1)) + 1, (X,)),
+    "flip_transposed": (lambda x: x.t().flip(0), (torch.randn(3, 5),)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_indirect_read(name: str) -> None:
+    fn, args = CASES[name]
+    torch.testing.assert_close(compiled(fn)(*args), fn(*args), rtol=0, atol=0)
+    assert not metrics.fallback_ops, metrics.fallback_ops
+
+
+def test_index_fuses_with_consumer() -> None:
+    fn = compiled(lambda x, i: (x[i].exp() * 2).sum(-1))
+    torch.testing.assert_close(fn(X, I), (X[I].exp() * 2).sum(-1))
+    assert metrics.generated_kernel_count == 1 and not metrics.fallback_ops
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, i: torch.gather(x, 0, i),
+    lambda x, i: torch.index_select(x, 0, i.flatten()),
+    lambda x, i: F.embedding(i, x),
+    lambda x, i: x[i],
+], ids=["gather", "index_select", "embedding", "index"])
+@pytest.mark.parametrize("bad", [-4, 3], ids=["negative", "past_end"])
+def test_out_of_range_raises_like_eager(fn: Callable[..., Any], bad: int) -> None:
+    """Eager raises for these; negative indices are valid only for advanced indexing."""
+    x, i = torch.randn(3, 2), torch.tensor([[0], [bad]])
+    with pytest.raises((IndexError, RuntimeError)):
+        fn(x, i)
+    with pytest.raises(IndexError, match="index out of range"):
+        compiled(fn)(x, i)
+
+
+def test_negative_index_is_out_of_range_for_gather_but_wraps_for_index() -> None:
+    x, i = torch.randn(3, 2), torch.tensor([[0, -1]])
+    torch.testing.assert_close(compiled(lambda x, i: x[i])(x, i), x[i])
+    with pytest.raises(IndexError):
+        compiled(lambda x, i: torch.gather(x, 1, i))(x, i)
+
+
+def test_wrong_index_dtype_raises_like_eager() -> None:
+    x, i = torch.randn(3, 2), torch.tensor([[0.0, 1.0]])
+    with pytest.raises(RuntimeError, match="int64"):
+        torch.gather(x, 1, i)
+    with pytest.raises(Exception, match="int64"):
+        compiled(lambda x, i: torch.gather(x, 1, i))(x, i)
