@@ -85,7 +85,7 @@ def ones(size: Sequence[Any], *, dtype: torch.dtype | None = None, **kwargs: Any
     return full_of(size, 1, dtype or torch.get_default_dtype(), _device(kwargs.get("device")))
 
 
-@register_lowering(aten.empty.memory_format, aten.empty_strided)
+@register_lowering(aten.empty.memory_format, aten.empty_strided, aten.empty_permuted)
 def empty(size: Sequence[Any], *args: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
     # contents are unspecified; zero-filled keeps results deterministic
     _check_layout(kwargs)
