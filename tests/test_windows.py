@@ -78,6 +78,17 @@ def test_max_pool2d_dtypes(dtype: torch.dtype) -> None:
     check(lambda t: F.max_pool2d(t, 3, 2, 1, return_indices=True), x, backward=dtype.is_floating_point)
 
 
+@pytest.mark.parametrize("shape", [(1, 2, 3, 6), (1, 2, 4, 10)], ids=str)
+def test_pools_where_some_inputs_are_in_no_window(shape: tuple[int, ...]) -> None:
+    """Stride above the kernel leaves gaps; ceil_mode can end before the last input."""
+    x = image(*shape)
+    for k, s in [(3, 2), (2, 3)]:
+        torch._dynamo.reset()
+        check(lambda t, k=k, s=s: F.max_pool2d(t, k, s, ceil_mode=True), x)
+        check(lambda t, k=k, s=s: F.avg_pool2d(t, k, s, ceil_mode=True), x)
+        check(lambda t, k=k, s=s: F.avg_pool2d(t, k, s, padding=1, ceil_mode=True, count_include_pad=False), x)
+
+
 def test_max_pool_1d_3d_channels_last_unbatched() -> None:
     check(lambda t: F.max_pool1d(t, 3, 2, 1, return_indices=True), image(2, 3, 9))
     check(lambda t: F.max_pool3d(t, 2, 2, 1, return_indices=True), image(2, 3, 5, 6, 7))

@@ -204,12 +204,15 @@ def _sweep_candidates(sweep: _Sweep, reach: list[int]) -> list[int]:
 
 
 def _sweep_candidate(sweep: _Sweep, dim: int, pos: Expr, j: int) -> tuple[Expr, bool, bool]:
-    """Output ``top - j`` (``top`` the last window starting at or before ``pos``), and
-    whether it can be below 0 / at or past the output's end."""
-    s, p = sweep.stride[dim], sweep.padding[dim]
+    """Output ``top - j``, ``top`` the last output whose window starts at or before ``pos``
+    (clamped to the last output: trailing inputs can be in no window), whether it can be
+    below 0, and whether ``top`` was clamped."""
+    s, p, out = sweep.stride[dim], sweep.padding[dim], sweep.out_sizes[dim]
     top = FloorDiv(pos + p, s)
-    max_top = (sweep.in_sizes[dim] - 1 + p) // s
-    return top - j, j > 0, max_top - j >= sweep.out_sizes[dim]
+    clamped = (sweep.in_sizes[dim] - 1 + p) // s >= out
+    if clamped:
+        top = sympy.Min(top, out - 1)
+    return top - j, j > 0, clamped
 
 
 def _gather_sum(grad: TensorBox, in_size: Sequence[Expr], n: int, counts: list[int],
@@ -252,8 +255,8 @@ def _max_pool_backward(grad: TensorBox, x: TensorBox, kernel_size: Any, stride: 
     g_load, i_load, compute = grad.make_loader(), indices.make_loader(), _compute_dtype(grad.get_dtype())
 
     def candidate(dim: int, pos: Expr, j: int) -> tuple[Expr, Any]:
-        o, check_lo, check_hi = _sweep_candidate(sweep, dim, pos, counts[dim] - 1 - j)
-        return o, _in_range(o, 0, sweep.out_sizes[dim], check_lo, check_hi)
+        o, check_lo, _ = _sweep_candidate(sweep, dim, pos, counts[dim] - 1 - j)
+        return o, _in_range(o, 0, sweep.out_sizes[dim], check_lo, False)  # indices pick the window
 
     def contribution(outer: list[Expr], opos: list[Expr], pos: list[Expr]) -> Any:
         hit = ops.eq(i_load(outer + opos), ops.index_expr(_flat(pos, sweep.in_sizes), I64))
@@ -383,10 +386,10 @@ def _avg_pool_backward(grad: TensorBox, x: TensorBox, kernel_size: Any, stride: 
 
     def candidate(dim: int, pos: Expr, j: int) -> tuple[Expr, Any]:
         jj = counts[dim] - 1 - j
-        o, check_lo, check_hi = _sweep_candidate(sweep, dim, pos, jj)
-        mask = _in_range(o, 0, sweep.out_sizes[dim], check_lo, check_hi)
+        o, check_lo, clamped = _sweep_candidate(sweep, dim, pos, jj)
+        mask = _in_range(o, 0, sweep.out_sizes[dim], check_lo, False)
         s, p, k = sweep.stride[dim], sweep.padding[dim], sweep.kernel[dim]
-        if jj * s + s - 1 >= k:  # the window of output `o` may end before `pos`
+        if clamped or jj * s + s - 1 >= k:  # the window of output `o` may end before `pos`
             mask = _and(mask, _in_range(pos + p - o * s, 0, k, check_lo=False))
         return o, mask
 
