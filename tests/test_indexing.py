@@ -1,5 +1,6 @@
 """Indirect reads (advanced indexing, gather, index_select, embedding, take, take_along_dim)
-and flip: fused loops, no aten fallback, eager's results and eager's errors."""
+and index-remapping copies (flip, repeat, unfold, *_copy): fused loops, no aten fallback,
+eager's results and eager's errors."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -48,6 +49,14 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
     "take_along_dim_flat": (lambda x, i: torch.take_along_dim(x, i), (X, torch.tensor([0, 5, 839]))),
     "flip": (lambda x: torch.flip(x, (0, -1)) + 1, (X,)),
     "flip_transposed": (lambda x: x.t().flip(0), (torch.randn(3, 5),)),
+    "repeat_new_dims": (lambda x: x.repeat(2, 1, 3, 1, 2) * 2, (X,)),
+    "tile": (lambda x: torch.tile(x[0, 0], (3,)), (X,)),
+    "unfold_sliding_windows": (lambda x: x.unfold(2, 3, 2).sum(-1), (X,)),
+    "narrow_copy": (lambda x: torch.narrow_copy(x, 1, -3, 2), (X,)),
+    "permute_and_view_copy": (lambda x: (torch.permute_copy(x, (3, 1, 0, 2)), torch.ops.aten.view_copy(x, (20, -1))),
+                              (X,)),
+    "unbind_copy": (lambda x: torch.unbind_copy(x, 1), (X,)),
+    "index_select_scalar_source": (lambda x, i: torch.index_select(x[0, 0, 0, 0], 0, i[0, :1]), (X, I)),
 }
 
 

@@ -113,6 +113,14 @@ def ones_like(x: TensorBox, *, dtype: torch.dtype | None = None, **kwargs: Any) 
     return _like(x, 1, dtype, kwargs)
 
 
+@register_lowering(aten.new_empty_strided)
+def new_empty_strided(x: TensorBox, size: Sequence[Any], stride: Sequence[Any], *, dtype: torch.dtype | None = None,
+                      **kwargs: Any) -> TensorBox:
+    _check_layout(kwargs)
+    device = kwargs.get("device")
+    return full_of(size, 0, dtype or x.get_dtype(), _device(device) if device is not None else x.get_device())
+
+
 @register_lowering(aten.empty_like)
 def empty_like(x: TensorBox, *, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
     return _like(x, 0, dtype, kwargs)

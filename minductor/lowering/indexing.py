@@ -1,4 +1,5 @@
-"""Indirect reads: advanced indexing, gather, index_select, embedding; flip.
+"""Indirect reads: advanced indexing, gather, index_select, embedding; and copies that
+read their source through an index remap: flip, repeat, the ``*_copy`` views.
 
 Each is a Pointwise whose body loads an index tensor, turns the value into an index
 symbol with ``ops.indirect_indexing`` and loads the source there, so it fuses with what
@@ -14,8 +15,10 @@ from typing import Any
 import sympy
 import torch
 
+from minductor.ir.indexing import ModularIndexing
 from minductor.ir.nodes import Pointwise, TensorBox
 from minductor.ir.ops import ops
+from minductor.lowering.pointwise import clone
 from minductor.lowering.registry import (
     Unsupported,
     aten,
@@ -25,6 +28,7 @@ from minductor.lowering.registry import (
     origins_of,
     register_lowering,
 )
+from minductor.lowering.views import permute, slice_, unbind, view
 
 Expr = sympy.Expr
 
@@ -97,8 +101,10 @@ def gather(x: TensorBox, dim: int, index: TensorBox, sparse_grad: bool = False) 
 @register_lowering(aten.index_select)
 def index_select(x: TensorBox, dim: int, index: TensorBox) -> TensorBox:
     size = list(x.get_size())
-    if len(size) == 0 or len(index.get_size()) > 1:
-        raise Unsupported("index_select on a 0-d tensor or with a multi-dim index")
+    if len(index.get_size()) > 1:
+        raise Unsupported("index_select with a multi-dim index (eager raises)")
+    if len(size) == 0:  # a scalar source and a one-element index (which must be 0): a scalar
+            return view(index_select(view(x, [1]), 0, index), [])
     dim = _dim(dim, len(size))
     index_load, load = index.make_loader(), x.make_loader()
     out_size = size[:dim] + [index.get_numel()] + size[dim + 1:]
@@ -139,3 +145,41 @@ def flip(x: TensorBox, dims: Sequence[int]) -> TensorBox:
         return load([size[d] - 1 - i if d in flipped else i for d, i in enumerate(idx)])
 
     return _pointwise(x, size, inner_fn, "flip")
+
+
+@register_lowering(aten.repeat)
+def repeat(x: TensorBox, repeats: Sequence[int]) -> TensorBox:
+    """Tiles of ``x``: output index ``i`` of a tiled dim reads ``i mod size``."""
+    size = x.get_size()
+    lead = len(repeats) - len(size)
+    if lead < 0:
+        raise Unsupported("repeat with fewer repeats than dims (eager raises)")
+    out_size = [sympy.Integer(r) for r in repeats[:lead]] + [s * r for s, r in zip(size, repeats[lead:])]
+    load = x.make_loader()
+
+    def inner_fn(idx: Sequence[Expr]) -> Any:
+        src = idx[lead:]
+        return load([ModularIndexing(i, 1, s) if r != 1 else i for i, s, r in zip(src, size, repeats[lead:])])
+
+    return _pointwise(x, out_size, inner_fn, "repeat")
+
+
+@register_lowering(aten.narrow_copy)
+def narrow_copy(x: TensorBox, dim: int, start: Any, length: Any) -> TensorBox:
+    start = start + x.get_size()[_dim(dim, len(x.get_size()))] if isinstance(start, int) and start < 0 else start
+    return clone(slice_(x, dim, start, start + length))
+
+
+@register_lowering(aten.view_copy)
+def view_copy(x: TensorBox, size: Sequence[Any]) -> TensorBox:
+    return clone(view(x, size))
+
+
+@register_lowering(aten.permute_copy)
+def permute_copy(x: TensorBox, dims: Sequence[int]) -> TensorBox:
+    return clone(permute(x, dims))
+
+
+@register_lowering(aten.unbind_copy)
+def unbind_copy(x: TensorBox, dim: int = 0) -> list[TensorBox]:
+    return [clone(t) for t in unbind(x, dim)]

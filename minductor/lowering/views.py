@@ -276,3 +276,15 @@ def diagonal(x: TensorBox, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Ten
         return out
 
     return make_view(x, new, reindex)
+
+
+@register_lowering(aten.unfold)
+def unfold(x: TensorBox, dim: int, size: int, step: int) -> TensorBox:
+    """Sliding windows along ``dim`` as a new last dim: ``out[.., i, .., j] = x[.., i*step + j, ..]``."""
+    old = x.get_size()
+    if len(old) == 0:
+        return make_view(x, [sympy.Integer(1)], lambda idx: [])
+    dim = _dim(dim, len(old))
+    count = (int(old[dim]) - size) // step + 1
+    new = list(old[:dim]) + [sympy.Integer(count)] + list(old[dim + 1:]) + [sympy.Integer(size)]
+    return make_view(x, new, lambda idx: list(idx[:dim]) + [idx[dim] * step + idx[-1]] + list(idx[dim + 1:-1]))

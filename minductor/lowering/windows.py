@@ -29,8 +29,8 @@ from minductor.lowering.registry import Unsupported, aten, origins_of, register_
 
 Expr = sympy.Expr
 I64 = torch.int64
-# windows with more positions than this are not unrolled
-MAX_UNROLL = 25
+# windows with more positions than this are not unrolled (3x3x3 still is)
+MAX_UNROLL = 27
 # (dim, output position, window element) -> (input position, validity mask or None)
 Position = Callable[[int, Expr, Any], tuple[Expr, Any]]
 
@@ -452,7 +452,7 @@ class _Adaptive:
     def position(self, d: int, o: Expr, k: int | Expr) -> tuple[Expr, Any]:
         """Input position of window element ``k`` of output ``o``, and its validity mask."""
         start = self.start(d, o)
-        needs_mask = not isinstance(k, int) or k >= self.min_kernel[d]
+        needs_mask = k >= self.min_kernel[d] if isinstance(k, int) else self.min_kernel[d] < self.kernel[d]
         return start + k, _in_range(start + k, 0, self.end(d, o), check_lo=False, check_hi=needs_mask)
 
     def extent(self, d: int, o: Expr) -> Expr:
@@ -547,7 +547,7 @@ def _adaptive_max_reduced(x: TensorBox, ad: _Adaptive, size: list[Expr], name: s
             p, m = ad.position(d, out[d], rindex[d])
             pos.append(p)
             mask = _and(mask, m)
-        return ops.masked(mask, _bind(load, outer + pos), lowest)
+        return load(outer + pos) if mask is None else ops.masked(mask, _bind(load, outer + pos), lowest)
 
     def reduction(kind: str, dtype: torch.dtype) -> TensorBox:
         node = TensorBox.create(Reduction(x.get_device(), dtype, reduced, list(size), origins=x.origins | {name},

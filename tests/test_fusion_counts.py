@@ -1,0 +1,69 @@
+"""Fusion: pointwise chains, reductions with their prologue, softmax and layer_norm each compile to
+exactly one C++ kernel (metrics read after the first call)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from conftest import check
+from minductor import metrics
+
+
+def kernels_after_first_call(fn: Callable[..., Any], *args: Any, **tol: Any) -> int:
+    """Compile and run once (checking against eager); one graph; return the cpp kernel count."""
+    check(fn, *args, **tol)
+    assert metrics.graphs_compiled == 1, metrics.graphs_compiled
+    assert metrics.generated_kernel_count == metrics.kernels_by_backend["cpp"], dict(metrics.kernels_by_backend)
+    assert not metrics.fallback_ops, metrics.fallback_ops
+    return metrics.kernels_by_backend["cpp"]
+
+
+def test_six_op_pointwise_chain_is_one_kernel() -> None:
+    x, y = torch.randn(64, 33), torch.randn(64, 33)
+    assert kernels_after_first_call(lambda x, y: ((x.sin() + 1) * 2).exp().relu() - y, x, y) == 1
+    assert metrics.generated_kernel_count == 1
+
+
+def test_pointwise_chain_with_broadcast_and_transposed_input_is_one_kernel() -> None:
+    x, y = torch.randn(33, 64).t(), torch.randn(33)
+    assert kernels_after_first_call(lambda x, y: ((x.sin() + 1) * 2).exp().relu() - y, x, y) == 1
+
+
+def test_pointwise_then_sum_is_one_kernel() -> None:
+    x = torch.randn(64, 33)
+    assert kernels_after_first_call(lambda x: (x.sin() + 1).relu().sum(-1), x, rtol=1e-5, atol=1e-5) == 1
+
+
+def test_softmax_is_one_kernel() -> None:
+    x = torch.randn(64, 33)
+    assert kernels_after_first_call(lambda x: torch.softmax(x, -1), x) == 1
+
+
+def test_log_softmax_is_one_kernel() -> None:
+    x = torch.randn(64, 33)
+    assert kernels_after_first_call(lambda x: F.log_softmax(x, -1), x) == 1
+
+
+def test_layer_norm_with_residual_is_one_kernel() -> None:
+    x, r = torch.randn(64, 48), torch.randn(64, 48)
+    w, b = torch.randn(48), torch.randn(48)
+    fn = lambda x, r, w, b: F.layer_norm(x, (48,), w, b) + r  # noqa: E731
+    assert kernels_after_first_call(fn, x, r, w, b, rtol=1e-4, atol=1e-5) == 1
+
+
+def test_counts_reset_between_tests() -> None:
+    """The autouse fixture zeroes metrics: nothing counted before this test compiles anything."""
+    assert metrics.generated_kernel_count == 0 and metrics.graphs_compiled == 0
+    assert not metrics.kernels_by_backend and not metrics.fallback_ops
+
+
+def test_second_call_compiles_nothing() -> None:
+    x = torch.randn(16, 8)
+    fn = torch.compile(lambda x: (x.cos() * 3).tanh(), backend="minductor")
+    fn(x)
+    counts = (metrics.graphs_compiled, metrics.generated_kernel_count)
+    torch.testing.assert_close(fn(x + 1), ((x + 1).cos() * 3).tanh())
+    assert (metrics.graphs_compiled, metrics.generated_kernel_count) == counts

@@ -1,0 +1,251 @@
+"""Reduction lowerings against eager: sum prod mean amax amin argmax argmin any all var std var_mean,
+over one dim, several dims, all dims, negative dims, keepdim, ``dtype=``, int/bool inputs,
+non-contiguous layouts, ties and NaN.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import LAYOUT_NAMES, check, check_named, make
+
+F32, F64, I32, I64, BOOL = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
+NAN, INF = float("nan"), float("inf")
+
+FLOAT_REDUCTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "sum": lambda x, d, k: x.sum(d, keepdim=k),
+    "prod": lambda x, d, k: (x * 0.5 + 1).prod(d, keepdim=k) if isinstance(d, int) else (x * 0.1 + 1).prod(),
+    "mean": lambda x, d, k: x.mean(d, keepdim=k),
+    "amax": lambda x, d, k: x.amax(d, keepdim=k),
+    "amin": lambda x, d, k: x.amin(d, keepdim=k),
+    "argmax": lambda x, d, k: x.argmax(d, keepdim=k) if isinstance(d, int) else x.argmax(),
+    "argmin": lambda x, d, k: x.argmin(d, keepdim=k) if isinstance(d, int) else x.argmin(),
+    "any": lambda x, d, k: (x > 1).any(d, keepdim=k),
+    "all": lambda x, d, k: (x > -2).all(d, keepdim=k),
+    "var": lambda x, d, k: x.var(d, keepdim=k),
+    "var_unbiased0": lambda x, d, k: x.var(d, keepdim=k, correction=0),
+    "std": lambda x, d, k: x.std(d, keepdim=k),
+    "var_mean": lambda x, d, k: torch.var_mean(x, d, keepdim=k),
+    "std_mean": lambda x, d, k: torch.std_mean(x, d, keepdim=k, correction=0),
+    "max_dim": lambda x, d, k: x.max(d, keepdim=k) if isinstance(d, int) else x.max(),
+    "min_dim": lambda x, d, k: x.min(d, keepdim=k) if isinstance(d, int) else x.min(),
+    "logsumexp": lambda x, d, k: torch.logsumexp(x, d, keepdim=k),
+    "norm": lambda x, d, k: torch.linalg.vector_norm(x, 2, d, keepdim=k),
+}
+
+# (dims, keepdim) on a (5, 6, 7) input: single, negative, several and all dims, keepdim alternating
+CASES = [(0, False), (1, True), (-1, False), (-2, True), ((0, 1), False), ((0, 2), True), ((-1, -3), False),
+         ((0, 1, 2), True), ((0, 1, 2), False)]
+
+
+def input3d(case: int) -> torch.Tensor:
+    """A (5, 6, 7) float32 input; the layout rotates with the case: contiguous, transposed, strided slice."""
+    torch.manual_seed(case)
+    base = torch.randn(7, 6, 5)
+    return [
+        base.permute(2, 1, 0).contiguous(),
+        base.permute(2, 1, 0),
+        torch.cat([base, base], 0).permute(2, 1, 0)[:, :, ::2],
+    ][case % 3]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"dims={d}-keepdim={k}" for d, k in CASES])
+def test_float_reductions(case: int) -> None:
+    """One graph per (dims, keepdim): every reduction op (those taking one dim only when dims is one int
+    or all dims), so reductions over the same range can fuse."""
+    dims, keepdim = CASES[case]
+    one_dim_only = {"argmax", "argmin", "max_dim", "min_dim"}
+    ops = {n: op for n, op in FLOAT_REDUCTIONS.items()
+           if n not in one_dim_only or isinstance(dims, int) or not keepdim and dims == (0, 1, 2)}
+    check_named({n: (lambda x, op=op: op(x, dims, keepdim)) for n, op in ops.items()}, input3d(case),
+                rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["scalar", "size1"])
+def test_reduction_0d_and_size1(layout: str) -> None:
+    """Reducing a 0-d tensor over dim 0 / -1, and a (1, 1) tensor over each dim: one graph."""
+    x = make(layout, F32)
+    dims: list[Any] = [0, -1] if layout == "scalar" else [0, 1, -1, (0, 1)]
+    fns = {}
+    for name in ["sum", "prod", "mean", "amax", "amin", "var_unbiased0", "argmax", "argmin", "any", "all", "max_dim"]:
+        for d in dims:
+            if name in ("argmax", "argmin", "max_dim") and not isinstance(d, int):
+                continue
+            for k in (False, True):
+                fns[f"{name}(dim={d}, keepdim={k})"] = lambda x, op=FLOAT_REDUCTIONS[name], d=d, k=k: op(x, d, k)
+    fns["sum()"] = torch.sum
+    fns["argmax()"] = torch.argmax
+    check_named(fns, x)
+
+
+def test_full_reductions_no_dim() -> None:
+    x = make("transposed", F32)
+    check(lambda x: (x.sum(), x.mean(), x.prod(), x.amax(), x.amin(), x.max(), x.min(), x.argmax(), x.argmin(),
+                     x.any(), (x > -10).all(), x.var(), x.std(), torch.var_mean(x), x.norm()), x, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [I64, I32, BOOL], ids=["i64", "i32", "bool"])
+def test_int_bool_reductions(dtype: torch.dtype) -> None:
+    """sum/prod of ints and bools accumulate in int64; any/all give bool; amax/amin keep the dtype."""
+    x = make("transposed", dtype, low=-3, high=4)
+    check(lambda x: (x.sum(), x.sum(0), x.sum(-1, keepdim=True), x.prod(0), x.prod(), x.any(), x.any(1),
+                     x.all(), x.all(0), x.amax(0), x.amin(-1), x.max(), x.min())
+          + ((x.argmax(1), x.argmin(0)) if x.dtype != BOOL else ()), x)
+
+
+def test_int_mean_with_dtype() -> None:
+    x = make("sliced", I64)
+    check(lambda x: (x.mean(0, dtype=F32), x.float().mean(), x.sum(1, dtype=F64), x.sum(dtype=I32)), x)
+
+
+def test_reduction_dtype_argument() -> None:
+    x = make("contiguous", F32)
+    b = make("transposed", BOOL)
+    i = make("sliced", I32)
+    check(lambda x, b, i: (x.sum(0, dtype=F64), x.mean(-1, dtype=F64), x.prod(1, dtype=F64),
+                           b.sum(0, dtype=I32), b.sum(dtype=F32), i.sum(1, dtype=I64), i.prod(dtype=F64),
+                           i.sum(dtype=torch.int8), torch.sum(x, (0, 1), dtype=F64)), x, b, i)
+
+
+def test_float64_reductions() -> None:
+    x = make("sliced", F64)
+    check(lambda x: (x.sum(0), x.mean(1), x.var(0), x.std(), x.amax(1), x.argmin(0), x.prod()), x)
+
+
+def test_large_sum_precision() -> None:
+    """A long float32 row: compare with a float64 reference (summation order may differ)."""
+    torch.manual_seed(0)
+    x = torch.rand(3, 100_003)
+    out = torch.compile(lambda x: (x.sum(1), x.mean(), x.var(1)), backend="minductor")(x)
+    xd = x.double()
+    for got, ref in zip(out, (xd.sum(1), xd.mean(), xd.var(1))):
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-3)
+
+
+def test_var_welford_large_offset() -> None:
+    """Variance of values with a large common offset must not cancel catastrophically."""
+    x = torch.randn(4, 1000) + 1e4
+    out = torch.compile(lambda x: x.var(1), backend="minductor")(x)
+    torch.testing.assert_close(out.double(), x.double().var(1), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0:UserWarning")
+def test_var_correction_edge_cases() -> None:
+    """var of a single element (unbiased: NaN, or inf/NaN with correction > n)."""
+    x = torch.randn(4, 1)
+    check(lambda x: (x.var(1), x.var(1, correction=0), x.var(1, correction=2), x.std(1), torch.var_mean(x, 1)), x)
+
+
+def test_argmax_ties_first_index() -> None:
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0], [2.0, 2.0, 2.0, 2.0, 2.0], [-1.0, -5.0, -5.0, -1.0, -5.0]])
+    check(lambda x: (x.argmax(1), x.argmin(1), x.argmax(0), x.argmin(0), x.argmax(), x.argmin(), x.max(1), x.min(1),
+                     x.t().argmax(0), x.long().argmax(1)), x)
+
+
+def test_argmax_ties_long_row() -> None:
+    """Ties across vector lanes / threads: the smallest index must still win."""
+    x = torch.zeros(3, 1000)
+    x[0, 100] = x[0, 900] = 5.0
+    x[1, 999] = x[1, 1] = -5.0
+    check(lambda x: (x.argmax(1), x.argmin(1), x.argmax(), x.argmin(), x.max(1), x.min(1)), x)
+
+
+def test_argmax_nan() -> None:
+    x = torch.tensor([[1.0, NAN, 3.0, NAN], [INF, 2.0, NAN, -INF], [-INF, -INF, 0.0, 1.0], [0.0, 0.0, 0.0, NAN]])
+    check(lambda x: (x.argmax(1), x.argmin(1), x.argmax(0), x.argmin(0), x.argmax(), x.argmin()), x)
+
+
+def test_max_min_amax_nan_propagate() -> None:
+    x = torch.tensor([[1.0, NAN, 3.0], [INF, 2.0, -INF], [NAN, NAN, 0.0]])
+    check(lambda x: (x.amax(1), x.amin(1), x.amax(0), x.amin(), x.max(1), x.min(0), x.max(), x.sum(1),
+                     x.mean(0)), x)
+
+
+def test_nan_in_long_row() -> None:
+    x = torch.randn(2, 999)
+    x[0, 500] = NAN
+    check(lambda x: (x.amax(1), x.amin(1), x.argmax(1), x.argmin(1), x.max(1)), x)
+
+
+def test_any_all_float_and_nan() -> None:
+    x = torch.tensor([[0.0, NAN], [0.0, -0.0], [1.0, 2.0]])
+    check(lambda x: (x.any(1), x.all(1), x.any(), x.all(), x.bool().any(0)), x)
+
+
+def test_empty_reductions() -> None:
+    x = torch.randn(3, 0)
+    check(lambda x: (x.sum(1), x.prod(1), x.any(1), x.all(1), x.sum(), x.mean(1)), x)
+
+
+def test_reduction_then_pointwise_broadcast() -> None:
+    x = make("transposed", F32)
+    check(lambda x: (x - x.mean(1, keepdim=True)) / (x.std(1, keepdim=True) + 1e-5), x, rtol=1e-4, atol=1e-5)
+
+
+def test_two_reductions_same_input() -> None:
+    x = torch.randn(8, 33)
+    check(lambda x: (x.sum(0), x.sum(1), x.amax(0) - x.amin(1).sum(), (x * x).sum(1).sqrt()), x, rtol=1e-4,
+          atol=1e-5)
+
+
+def test_softmax_log_softmax() -> None:
+    x = make("sliced", F32)
+    y = torch.tensor([[0.0, -INF, 1.0], [-INF, -INF, 2.0], [1000.0, 1000.0, -1000.0]])
+    check(lambda x, y: (x.softmax(-1), x.softmax(0), x.log_softmax(1), y.softmax(-1), y.log_softmax(1),
+                        x.double().softmax(-1), x.softmax(0, dtype=F64)), x, y)
+
+
+def test_softmax_all_masked_row() -> None:
+    y = torch.full((2, 4), -INF)
+    y[1] = 0.0
+    check(lambda y: y.softmax(-1), y)
+
+
+def test_reductions_of_expanded_and_0d_inputs() -> None:
+    s = make("scalar", F32)
+    e = make("expanded", F32)
+    check(lambda s, e: (s.expand(3, 4).sum(0), e.sum(0), e.mean(1), e.argmax(0), e.var(0), (e + s).amax()), s, e)
+
+
+def test_cumsum_like_sum_of_arange() -> None:
+    x = torch.arange(24, dtype=I64).reshape(2, 3, 4)
+    check(lambda x: (x.sum((0, 2)), x.sum(-1, keepdim=True) * x, x.prod(0), x.amax((1, 2))), x)
+
+
+def test_int64_sum_no_overflow_to_int32() -> None:
+    x = torch.full((4, 1000), 2**31 - 1, dtype=I32)
+    check(lambda x: (x.sum(1), x.sum(), x.to(I64).sum(0)), x)
+
+
+def test_bool_sum_counts() -> None:
+    x = torch.rand(5, 300) > 0.3
+    check(lambda x: (x.sum(1), x.sum(), x.int().sum(0), x.float().mean(1)), x)
+
+
+def test_reduction_inner_size_not_multiple_of_vector_width() -> None:
+    x = torch.randn(5, 17, 13)
+    check(lambda x: (x.sum(-1), x.amax(1), x.argmin(-1), x.var((0, 2)), x.permute(2, 0, 1).sum(0)), x,
+          rtol=1e-4, atol=1e-5)
+
+
+def run_layouts(op: Callable[[torch.Tensor], Any], dtype: torch.dtype) -> None:
+    xs = [make(n, dtype) for n in LAYOUT_NAMES]
+    check(lambda *xs: tuple(op(x) for x in xs), *xs)
+
+
+def test_sum_mean_on_every_layout() -> None:
+    run_layouts(lambda x: (x.sum(-1), x.mean(0), x.sum(), x.amax(), x.argmax(), x.var(-1, correction=0)), F32)
+
+
+def test_var_mean_keepdim_tuple() -> None:
+    x: Any = torch.randn(3, 4, 5)
+    check(lambda x: torch.var_mean(x, (0, 2), keepdim=True, correction=0) + torch.var_mean(x, -1, correction=1), x)
+
+
+@pytest.mark.xfail(strict=True, reason="any() of a uint8 tensor returns bool; eager keeps uint8 (all() is right)")
+def test_any_all_uint8_keep_dtype() -> None:
+    x = torch.tensor([[0, 1, 2], [0, 0, 0]], dtype=torch.uint8)
+    check(lambda x: (x.any(1), x.all(1), x.any(), x.all()), x)
