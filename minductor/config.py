@@ -45,6 +45,12 @@ cpu_backend: str = "cpp"
 # Run random ops (rand, dropout) through aten so results match eager bit for bit.
 fallback_random: bool = False
 
+# Keep large CPU buffers of a graph across calls and reuse one once nothing holds it
+# (fresh large buffers page-fault on every call; see runtime/buffer_pool.py).
+reuse_buffers_across_calls: bool = _env_bool("MINDUCTOR_REUSE_BUFFERS", True)
+# Smallest buffer the pool keeps (smaller ones come from malloc's free lists without faults).
+pool_min_bytes: int = _env_int("MINDUCTOR_POOL_MIN_BYTES", 256 * 1024)
+
 # The flag names: every annotated module-level variable above.
 FLAGS: frozenset[str] = frozenset(__annotations__)
 

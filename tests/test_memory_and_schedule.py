@@ -77,3 +77,39 @@ def test_random_programs_schedule_in_order_and_match_eager(seed: int) -> None:
     out = torch.compile(program, backend="minductor")(a, b)
     torch.testing.assert_close(out, program(a, b), rtol=1e-4, atol=1e-4)
     assert metrics.graphs_compiled == 1
+
+
+def test_large_buffers_reused_across_calls_only_when_dead() -> None:
+    """A graph output's storage comes back on a later call only once nothing holds it."""
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = (x * 2).relu().sum(1, keepdim=True)  # a large intermediate (x * 2 read twice)
+        return torch.softmax(x, -1), x.exp() + y
+
+    x = torch.randn(256, 512)  # 512 KiB buffers: above config.pool_min_bytes
+    compiled = torch.compile(f, backend="minductor")
+    a, b = compiled(x)
+    a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
+    a2, b2 = compiled(x)  # a and b are alive: fresh storages
+    assert {a2.data_ptr(), b2.data_ptr()}.isdisjoint({a_ptr, b_ptr})
+    kept = a.view(-1)[:10]  # a view keeps a's storage alive
+    del a, b
+    a3, b3 = compiled(x * 1)
+    assert a3.data_ptr() != a_ptr and b3.data_ptr() == b_ptr
+    ref = f(x)
+    for got in ((a2, b2), (a3, b3)):
+        torch.testing.assert_close(got, ref)
+        assert not got[0]._is_view() and got[0].untyped_storage().nbytes() == got[0].numel() * 4
+    torch.testing.assert_close(kept, ref[0].view(-1)[:10])
+    a3.add_(1)  # an output is the caller's to modify in place
+    torch.testing.assert_close(compiled(x)[0], ref[0])
+
+
+def test_buffer_pool_can_be_turned_off(tmp_path) -> None:
+    x = torch.randn(256, 512)
+    for enabled in (True, False):
+        torch._dynamo.reset()
+        with config.patch(reuse_buffers_across_calls=enabled, debug=True, debug_dir=str(tmp_path / str(enabled))):
+            out = torch.compile(lambda t: t.exp(), backend="minductor")(x)
+        torch.testing.assert_close(out, x.exp())
+        code = next((tmp_path / str(enabled)).glob("graph_*/output_code.py")).read_text()
+        assert ("mi_pool.take(" in code) == enabled, code

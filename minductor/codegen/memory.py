@@ -4,6 +4,10 @@ freed buffer to a later allocation of the same device, dtype and storage size
 
 A freed buffer is kept for reuse only while a later allocation of its kind is still to
 come, so holding it never outlasts the moment eager would have allocated anew.
+
+Across calls, each remaining large CPU allocation takes its storage from a slot of the
+graph's ``BufferPool`` (``mi_pool.take(slot, ...)``), which hands back last call's storage
+once nothing holds it any more (runtime/buffer_pool.py).
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from typing import Any
 
 import torch
 
-from minductor import metrics
+from minductor import config, metrics
 from minductor.codegen.common import py_index
 from minductor.ir.layout import FixedLayout
 from minductor.ir.nodes import Buffer, ComputedBuffer, ExternKernelOut, FallbackKernel
@@ -26,6 +30,28 @@ Key = tuple[str, torch.dtype, int]
 class UnitPlan:
     allocs: list[str]  # wrapper lines before the unit runs
     frees: list[str]   # wrapper lines after it
+
+
+class PoolSlots:
+    """Numbers the allocation sites that take their storage from the graph's ``BufferPool``."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def alloc_line(self, buf: Buffer) -> str:
+        lay = buf.layout
+        numel = lay.storage_numel()
+        nbytes = int(numel) * lay.dtype.itemsize if numel.is_Integer else 0
+        static = all(sympy_int(e) for e in (*lay.size, *lay.stride, lay.offset))
+        if not (config.reuse_buffers_across_calls and static and lay.device.type == "cpu"
+                and nbytes >= config.pool_min_bytes and lay.offset == 0):
+            return _alloc_line(buf)
+        self.count += 1
+        return f"{buf.name} = mi_pool.take({self.count - 1}, {_shape(lay.size)}, {_shape(lay.stride)}, {lay.dtype}, {nbytes})"
+
+
+def sympy_int(expr: Any) -> bool:
+    return getattr(expr, "is_Integer", isinstance(expr, int))
 
 
 def _shape(values: Any) -> str:
@@ -66,7 +92,9 @@ def _returns_alias(op: Any) -> bool:
     return schema is None or any(r.alias_info is not None for r in schema.returns)
 
 
-def plan_memory(graph: Any, units: list[Any], last_use: dict[str, int], outputs: set[str]) -> list[UnitPlan]:
+def plan_memory(graph: Any, units: list[Any], last_use: dict[str, int], outputs: set[str],
+                slots: PoolSlots | None = None) -> list[UnitPlan]:
+    slots = slots or PoolSlots()
     allocs_by_unit = [allocated_buffers(u) for u in units]
     ours = {b.name: b for bufs in allocs_by_unit for b in bufs}
     no_reuse = _no_reuse(graph, units)
@@ -92,7 +120,7 @@ def plan_memory(graph: Any, units: list[Any], last_use: dict[str, int], outputs:
                 allocs.append(_reuse_line(b, pool[key].pop(), ours))
                 metrics.buffers_reused += 1
             else:
-                allocs.append(_alloc_line(b))
+                allocs.append(slots.alloc_line(b))
                 metrics.buffers_allocated += 1
         frees = []
         for name in sorted(frees_at.get(i, [])):

@@ -13,7 +13,7 @@ import torch
 from minductor import config, metrics
 from minductor.codegen.common import CodeBuffer, KernelCode, py_index
 from minductor.codegen.cpp import CppKernel, kernel_name
-from minductor.codegen.memory import plan_memory
+from minductor.codegen.memory import PoolSlots, plan_memory
 from minductor.ir.nodes import (
     Buffer,
     ComputedBuffer,
@@ -112,7 +112,8 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
             stride = tuple(int(s) if s.is_Integer else None for s in buf.layout.stride)
             body.writeline(f"assert_size_stride({name}, {size}, {stride}, {name!r})")
     outputs = scheduler.output_names()
-    plans = plan_memory(graph, scheduler.units, scheduler.last_use, outputs)
+    slots = PoolSlots()
+    plans = plan_memory(graph, scheduler.units, scheduler.last_use, outputs, slots)
     for unit, plan in zip(scheduler.units, plans):
         for line in plan.allocs:
             body.writeline(line)
@@ -127,7 +128,7 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
     rets = [_output_expr(o) for o in graph.graph_outputs]
     body.writeline(f"return ({', '.join(rets)}{',' if len(rets) == 1 else ''})")
     constants = dict(graph.constants) | dict(graph.callables)
-    source = _render_module(body, kernels, sorted(constants)) + _render_standalone(graph)
+    source = _render_module(body, kernels, sorted(constants), slots.count) + _render_standalone(graph)
     return WrapperModule(source, kernels, constants)
 
 
@@ -220,7 +221,7 @@ def _output_expr(out: Any) -> str:
     raise WrapperCodegenError(f"cannot return {out}")
 
 
-def _render_module(body: CodeBuffer, kernels: list[KernelCode], constants: list[str]) -> str:
+def _render_module(body: CodeBuffer, kernels: list[KernelCode], constants: list[str], pool_slots: int = 0) -> str:
     out = CodeBuffer()
     out.writeline("# minductor generated wrapper")
     out.writeline("import torch")
@@ -229,6 +230,9 @@ def _render_module(body: CodeBuffer, kernels: list[KernelCode], constants: list[
     out.writeline("from minductor.runtime.helpers import assert_size_stride, check_index_error, reinterpret_tensor")
     out.writeline("")
     out.writeline("empty_strided = torch.empty_strided")
+    if pool_slots:
+        out.writeline("from minductor.runtime.buffer_pool import BufferPool")
+        out.writeline(f"mi_pool = BufferPool({pool_slots})  # large buffers kept across calls")
     out.writeline("")
     if constants:
         out.writeline("constants = globals().get('constants', {})  # bound by minductor when loaded")
