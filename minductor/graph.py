@@ -83,7 +83,7 @@ class GraphLowering(torch.fx.Interpreter):
         value = super().get_attr(target, args, kwargs)
         if not isinstance(value, torch.Tensor):
             return value
-        if value.dtype not in SUPPORTED_DTYPES or value.device.type != "cpu":
+        if value.dtype not in SUPPORTED_DTYPES or value.device.type not in ("cpu", "cuda"):
             raise Unsupported(f"constant {target} of dtype {value.dtype} on {value.device}")
         name = target.replace(".", "_")
         layout = FixedLayout(value.device, value.dtype, tuple(as_exprs(value.shape)), tuple(as_exprs(value.stride())))
@@ -235,7 +235,7 @@ def _dtypes_supported(args: Any, kwargs: Any, val: Any) -> bool:
         if isinstance(v, complex):
             return False
     for v in torch.utils._pytree.tree_leaves(val):
-        if isinstance(v, torch.Tensor) and (v.dtype not in SUPPORTED_DTYPES or v.device.type != "cpu"):
+        if isinstance(v, torch.Tensor) and (v.dtype not in SUPPORTED_DTYPES or v.device.type not in ("cpu", "cuda")):
             return False
     return True
 
@@ -252,8 +252,8 @@ def unsupported_reason(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
             continue
         if not isinstance(x, torch.Tensor):
             return f"non-tensor graph input {type(x).__name__}"
-        if x.device.type != "cpu":
-            return f"input on {x.device} (only CPU kernels are generated so far)"
+        if x.device.type not in ("cpu", "cuda"):
+            return f"input on {x.device} (kernels are generated for CPU and CUDA tensors)"
         if any(_unbacked(s) for s in (*x.shape, *x.stride(), x.storage_offset())):
             return "data-dependent input size"
         if isinstance(x.storage_offset(), torch.SymInt):

@@ -1,19 +1,33 @@
 """Shared fixtures and helpers: every test starts from a fresh Dynamo cache and zeroed metrics."""
 from __future__ import annotations
 
+import os
+
+# Triton kernels for CPU tensors run in Triton's interpreter; it is chosen when a kernel is
+# decorated, so the variable is set before anything loads one (a CUDA run unsets it).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
-from minductor import metrics
+from minductor import config, metrics
 
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo_and_metrics() -> None:
     torch._dynamo.reset()
     metrics.reset()
+
+
+@pytest.fixture(params=["cpp", "triton"])
+def cpu_backend(request: pytest.FixtureRequest) -> Any:
+    """Run a test under both CPU code generators (Triton in its interpreter); a module opts in with
+    ``pytestmark = pytest.mark.usefixtures("cpu_backend")``."""
+    with config.patch(cpu_backend=request.param):
+        yield request.param
 
 
 def _clone(value: Any) -> Any:

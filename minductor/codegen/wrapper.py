@@ -3,6 +3,8 @@ kernels and extern ops, frees dead buffers and returns outputs."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import linecache
 import math
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +30,8 @@ from minductor.ir.nodes import (
 from minductor.ir.views import ReinterpretView
 from minductor.scheduler import Scheduler
 from minductor.scheduler.nodes import ExternSchedulerNode, FusedGroup
+
+_module_counter = itertools.count()
 
 
 class WrapperCodegenError(Exception):
@@ -275,7 +279,9 @@ def load_wrapper(module: WrapperModule, dump: Any) -> Callable[[list[Any]], Any]
             dump.write(f"{kernel.name}{kernel.file_suffix}", kernel.source)
         filename = str(path)
     else:
-        filename = "<minductor output_code>"
+        filename = f"<minductor output_code {next(_module_counter)}>"
+    # Triton reads a kernel's source through linecache (inspect.getsourcelines)
+    linecache.cache[filename] = (len(module.source), None, module.source.splitlines(True), filename)
     namespace: dict[str, Any] = {"__name__": "minductor_output_code", "constants": module.constants}
     exec(compile(module.source, filename, "exec"), namespace)  # noqa: S102 - our own generated code
     metrics.generated_kernel_count += len(module.kernels)

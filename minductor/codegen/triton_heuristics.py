@@ -1,0 +1,62 @@
+"""Block sizes and warps for a Triton kernel, from its sizes (hints for symbolic ones).
+
+Rows up to ``PERSISTENT_RNUMEL`` that are known at compile time are reduced in one block
+(persistent); longer or symbolic rows loop over ``LOOPED_RBLOCK`` chunks. ``XBLOCK`` then
+fills a block of about ``BLOCK_ELEMENTS`` elements. One warp covers 32 threads; we give a
+warp to every 256 elements of a block, up to 8.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+
+from minductor.virtualized import V
+
+PERSISTENT_RNUMEL = 1024
+LOOPED_RBLOCK = 512
+BLOCK_ELEMENTS = 4096
+POINTWISE_XBLOCK = 1024
+
+
+@dataclasses.dataclass
+class BlockConfig:
+    xblock: int
+    rblocks: list[int | None]  # per loop; None for an x-only loop
+    looped: list[bool]
+    num_warps: int
+    int64: bool  # index math needs 64 bits
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def pick_config(xnumel: sympy.Expr, inner_numels: list[sympy.Expr], two_d: bool, reductions: list[bool]) -> BlockConfig:
+    hint = V.graph.sizevars.hint
+    xn = max(1, int(hint(xnumel)))
+    rblocks: list[int | None] = []
+    looped: list[bool] = []
+    for numel, is_red in zip(inner_numels, reductions):
+        rn = int(hint(numel))
+        if not two_d or (rn == 1 and not is_red and numel.is_Integer):
+            rblocks.append(None)
+            looped.append(False)
+        elif numel.is_Integer and rn <= PERSISTENT_RNUMEL:
+            rblocks.append(next_power_of_2(rn))
+            looped.append(False)
+        else:
+            rblocks.append(min(LOOPED_RBLOCK, next_power_of_2(rn)))
+            looped.append(True)
+    widest = max([b for b in rblocks if b is not None], default=1)
+    if two_d:
+        xblock = min(next_power_of_2(xn), max(1, BLOCK_ELEMENTS // widest))
+    else:
+        xblock = min(next_power_of_2(xn), POINTWISE_XBLOCK)
+    elements = xblock * widest
+    num_warps = min(8, max(1, next_power_of_2(elements // 256)))
+    big = xn * max([int(hint(n)) for n in inner_numels] or [1]) >= 2**31
+    return BlockConfig(xblock, rblocks, looped, num_warps, big)
+
+
+__all__ = ["BlockConfig", "next_power_of_2", "pick_config"]

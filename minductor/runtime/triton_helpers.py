@@ -1,0 +1,161 @@
+"""Device functions the generated Triton kernels call, and ``libdevice`` for them.
+
+Kernels import this module, so it is decorated under the same mode as they are: compiled
+for a GPU, or run by Triton's interpreter when ``TRITON_INTERPRET=1`` was set before the
+first kernel loaded. ``libdevice`` is Triton's CUDA/HIP math library on a GPU; the
+interpreter cannot call extern functions, so there it is a stand-in computing the same
+functions with NumPy on the interpreter's host arrays (the kernel source is the same).
+"""
+# ruff: noqa: PLR0124  (x != x is the NaN test inside kernels)
+from __future__ import annotations
+
+import math
+import types
+from typing import Any
+
+import numpy as np
+import triton
+import triton.language as tl
+from triton import knobs
+
+INTERPRET: bool = bool(knobs.runtime.interpret)
+
+
+@triton.jit
+def maximum(a, b):
+    """torch.maximum for floats: NaN wins."""
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def minimum(a, b):
+    """torch.minimum for floats: NaN wins."""
+    return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def multiply(a, b):
+    return a * b
+
+
+@triton.jit
+def max_nan(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, maximum)
+
+
+@triton.jit
+def min_nan(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, minimum)
+
+
+@triton.jit
+def prod(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, multiply)
+
+
+@triton.jit
+def argmax_combine(va, ia, vb, ib):
+    """Pick the larger value, NaN first, the lower index on ties (eager's argmax)."""
+    a_nan = va != va
+    b_nan = vb != vb
+    tie = (va == vb) | (a_nan & b_nan)
+    pick_a = (va > vb) | (a_nan & ~b_nan) | (tie & (ia < ib))
+    return tl.where(pick_a, va, vb), tl.where(pick_a, ia, ib)
+
+
+@triton.jit
+def argmin_combine(va, ia, vb, ib):
+    a_nan = va != va
+    b_nan = vb != vb
+    tie = (va == vb) | (a_nan & b_nan)
+    pick_a = (va < vb) | (a_nan & ~b_nan) | (tie & (ia < ib))
+    return tl.where(pick_a, va, vb), tl.where(pick_a, ia, ib)
+
+
+@triton.jit
+def argmax(value, index, axis: tl.constexpr):
+    _, out = tl.reduce((value, index), axis, argmax_combine)
+    return out
+
+
+@triton.jit
+def argmin(value, index, axis: tl.constexpr):
+    _, out = tl.reduce((value, index), axis, argmin_combine)
+    return out
+
+
+@triton.jit
+def welford_combine(mean_a, m2_a, w_a, mean_b, m2_b, w_b):
+    w = w_a + w_b
+    delta = mean_b - mean_a
+    frac = tl.where(w == 0.0, 0.0, w_b / tl.where(w == 0.0, 1.0, w))
+    return mean_a + delta * frac, m2_a + m2_b + delta * delta * w_a * frac, w
+
+
+@triton.jit
+def welford(mean, m2, weight, axis: tl.constexpr):
+    return tl.reduce((mean, m2, weight), axis, welford_combine)
+
+
+@triton.jit
+def floordiv_int(a, b):
+    """Python's floor division for integers (``//`` in Triton truncates)."""
+    q = a // b
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def mod_int(a, b):
+    """Python's modulo for integers: the result has the divisor's sign."""
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+# -- libdevice --------------------------------------------------------------------------------
+
+_NUMPY_MATH = {
+    "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh,
+    "cosh": np.cosh, "tanh": np.tanh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
+    "expm1": np.expm1, "log1p": np.log1p, "log10": np.log10, "trunc": np.trunc, "nearbyint": np.rint,
+    "atan2": np.arctan2, "hypot": np.hypot, "copysign": np.copysign, "nextafter": np.nextafter,
+    "fmod": np.fmod, "pow": np.power, "signbit": np.signbit, "erfc": None, "erfinv": None, "lgamma": None,
+}
+
+
+def _scalar_fn(name: str) -> Any:
+    import torch  # erfinv/erfc/lgamma: NumPy lacks them; torch computes them on the host array
+
+    fn = {"erfc": torch.special.erfc, "erfinv": torch.special.erfinv, "lgamma": torch.lgamma}[name]
+    return lambda x: fn(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+
+
+class _InterpreterLibdevice(types.ModuleType):
+    """``libdevice.<fn>(...)`` for interpreted kernels: the same function on the host arrays."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _NUMPY_MATH:
+            raise AttributeError(f"libdevice.{name} has no interpreter stand-in")
+        fn = _NUMPY_MATH[name] or _scalar_fn(name)
+
+        def call(*args: Any, _semantic: Any = None) -> Any:
+            from triton.runtime.interpreter import TensorHandle
+
+            arrays = [a.handle.data for a in args]
+            out = np.asarray(fn(*arrays))
+            dtype = tl.int1 if name == "signbit" else args[0].dtype
+            out = out.astype(arrays[0].dtype if name != "signbit" else np.bool_)
+            shape = list(np.broadcast_shapes(*(a.shape for a in arrays)))
+            block_shape = [s for a in args if a.type.is_block() for s in [a.shape]]
+            ty = tl.block_type(dtype, shape) if block_shape else dtype
+            return tl.tensor(TensorHandle(out.reshape(shape) if shape else out, dtype), ty)
+
+        return call
+
+
+if INTERPRET:
+    libdevice: Any = _InterpreterLibdevice("libdevice")
+else:
+    from triton.language.extra import libdevice
+
+__all__ = ["INTERPRET", "libdevice", "math"]
