@@ -84,3 +84,69 @@ def test_argmax_with_nan() -> None:
 def test_pointwise_kernel_name() -> None:
     names = kernel_names(lambda x: x.cos() * 3, torch.randn(16))
     assert len(names) == 1 and names[0].startswith("triton_poi_fused_"), names
+
+
+def test_masked_padding_and_views() -> None:
+    x = torch.randn(3, 5, 7)
+    check(lambda x: torch.nn.functional.pad(x, (2, 3, 1, 0)) * 2, x)
+    check(lambda x: torch.nn.functional.pad(x, (1, 1), value=-3.5).sum(-1), x)
+    check(lambda x, b: x[:, ::2, 1:] + b, x, torch.randn(3, 1, 6))
+
+
+def test_tiled_transpose_add() -> None:
+    x = torch.randn(70, 130)
+    y = torch.randn(130, 70)
+    check(lambda x, y: x + y.t(), x, y)
+    check(lambda x, y: (x.t() * 2 + y).contiguous(), x, y)
+
+
+def test_gather_and_scatter_add() -> None:
+    x = torch.randn(6, 9)
+    idx = torch.randint(0, 9, (6, 4))
+    check(lambda x, i: torch.gather(x, 1, i) * 2, x, idx)
+    check(lambda x, i: x[i[:, 0]] + 1, x, torch.randint(-6, 6, (6, 4)))
+    src = torch.randn(6, 4)
+    check(lambda x, i, s: x.scatter_add(1, i, s), x, idx, src)
+    check(lambda x, i, s: torch.zeros(10).index_add(0, i, s), x, torch.randint(0, 10, (50,)), torch.randn(50))
+    check(lambda e, i: torch.nn.functional.embedding(i, e), torch.randn(10, 3), torch.randint(0, 10, (4, 5)))
+
+
+def test_out_of_range_index_raises() -> None:
+    fn = torch.compile(lambda x, i: torch.gather(x, 1, i), backend="minductor")
+    with pytest.raises(IndexError, match="index out of range"):
+        fn(torch.randn(3, 4), torch.tensor([[0], [4], [1]]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs(dtype: torch.dtype) -> None:
+    x = torch.randn(8, 33, dtype=dtype)
+    y = torch.randn(8, 33, dtype=dtype)
+    check(lambda x, y: ((x * y).sigmoid() + x).to(dtype), x, y)
+    check(lambda x: (x.sum(-1), x.softmax(-1), x.float().mean(-1), x.amax(-1)), x, rtol=2e-2, atol=2e-2)
+
+
+def test_symbolic_sizes() -> None:
+    fn = lambda x, y: ((x * y).sum(-1) + 1, (x + 1).relu())  # noqa: E731
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for n, m in [(3, 5), (4, 9), (7, 1100)]:
+        x, y = torch.randn(n, m), torch.randn(n, m)
+        for got, ref in zip(compiled(x, y), fn(x, y)):
+            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    assert metrics.kernels_by_backend["triton"] >= 1
+    assert metrics.graphs_compiled <= 2  # one static, then one symbolic graph for every later size
+
+
+def test_integer_semantics() -> None:
+    a = torch.randint(-20, 20, (40,))
+    b = torch.randint(1, 7, (40,)) * torch.where(torch.rand(40) > 0.5, 1, -1)
+    check(lambda a, b: (a // b, a % b, torch.fmod(a, b), torch.div(a, b, rounding_mode="trunc")), a, b)
+    x, y = torch.randn(40) * 5, torch.randn(40) + 3
+    check(lambda x, y: (x // y, x % y, torch.fmod(x, y), x.trunc(), x.round(), torch.maximum(x, y)), x, y)
+
+
+def test_debug_dump_writes_kernel_files(tmp_path: Any) -> None:
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        check(lambda x: x.exp().sum(-1), torch.randn(4, 10))
+    dumped = list(tmp_path.rglob("triton_*_fused_*.py"))
+    assert dumped, list(tmp_path.rglob("*"))
+    assert "@triton.jit" in dumped[0].read_text()

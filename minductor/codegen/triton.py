@@ -205,6 +205,8 @@ class TritonKernel:
         mask, mdims = self.mask_for(dims | value.dims)
         out = self.loop.suffix if reduction else self.out
         stored = value if value.dtype == dtype else f"{value}.to({TRITON_TYPES[dtype]})"
+        if dtype == torch.bfloat16:
+            stored = f"round_bf16({value}.to(tl.float32)).to(tl.bfloat16)"
         ptr = self.pointer(arg, idx, dims, mdims)
         if mode is None:
             out.writeline(f"tl.store({ptr}, {stored}{', ' + mask if mask else ''})")
@@ -347,7 +349,7 @@ class TritonKernel:
         src.writeline("from minductor.runtime.triton_helpers import libdevice  # noqa: F401")
         src.writeline("from minductor.runtime.triton_helpers import (  # noqa: F401")
         src.writeline("    argmax, argmax_combine, argmin, argmin_combine, floordiv_int, max_nan, maximum, min_nan, minimum,")
-        src.writeline("    mod_int, prod, welford, welford_combine,")
+        src.writeline("    mod_int, prod, round_bf16, welford, welford_combine,")
         src.writeline(")")
         src.writeline("")
         src.writeline("")

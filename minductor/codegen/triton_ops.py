@@ -327,7 +327,9 @@ class TritonOps:
 
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> TV:
         index, dims = self.kernel.index_str(expr)
-        return self.kernel.cse_value(f"({index}).to({TRITON_TYPES[dtype]})", compute_dtype(dtype), dims)
+        t = TRITON_TYPES[dtype]
+        code = f"({index}).to({t})" if dims else f"tl.full([], {index}, {t})"
+        return self.kernel.cse_value(code, compute_dtype(dtype), dims)
 
     def indirect_indexing(self, x: TV, size: Expr, check: bool = True) -> Expr:
         return self.kernel.indirect_indexing(x, size, check)
@@ -337,7 +339,9 @@ class TritonOps:
         return self._cse(f"tl.full([], {triton_constant(value, dtype)}, {TRITON_TYPES[dtype]})", dtype)
 
     def to_dtype(self, x: TV, dtype: torch.dtype) -> TV:
-        if dtype in (torch.float16, torch.bfloat16):
+        if dtype == torch.bfloat16:
+            return self._cse(f"round_bf16({x}.to(tl.float32))", torch.float32, x)
+        if dtype == torch.float16:
             # computed in float32, rounded as the narrow type would be
             return self._cse(f"{x}.to({TRITON_TYPES[dtype]}).to(tl.float32)", torch.float32, x)
         if dtype == x.dtype:

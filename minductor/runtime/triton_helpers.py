@@ -98,6 +98,15 @@ def welford(mean, m2, weight, axis: tl.constexpr):
 
 
 @triton.jit
+def round_bf16(x):
+    """float32 -> nearest bfloat16 (ties to even), still as float32; bit arithmetic, so the
+    interpreter (whose bf16 cast truncates) rounds exactly as a GPU does."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
+
+
+@triton.jit
 def floordiv_int(a, b):
     """Python's floor division for integers (``//`` in Triton truncates)."""
     q = a // b
