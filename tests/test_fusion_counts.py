@@ -1,24 +1,29 @@
 """Fusion: pointwise chains, reductions with their prologue, softmax and layer_norm each compile to
-exactly one C++ kernel (metrics read after the first call)."""
+exactly one kernel (C++, or Triton in its interpreter) (metrics read after the first call)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import check
-from minductor import metrics
+
+from minductor import config, metrics
+
+# every test runs with the C++ and the Triton (interpreter) code generator
+pytestmark = pytest.mark.usefixtures("cpu_backend")
 
 
 def kernels_after_first_call(fn: Callable[..., Any], *args: Any, **tol: Any) -> int:
-    """Compile and run once (checking against eager); one graph; return the cpp kernel count."""
+    """Compile and run once (checking against eager); one graph; return the kernel count of the chosen backend."""
     check(fn, *args, **tol)
+    backend = config.cpu_backend
     assert metrics.graphs_compiled == 1, metrics.graphs_compiled
-    assert metrics.generated_kernel_count == metrics.kernels_by_backend["cpp"], dict(metrics.kernels_by_backend)
+    assert metrics.generated_kernel_count == metrics.kernels_by_backend[backend], dict(metrics.kernels_by_backend)
     assert not metrics.fallback_ops, metrics.fallback_ops
-    return metrics.kernels_by_backend["cpp"]
+    return metrics.kernels_by_backend[backend]
 
 
 def test_six_op_pointwise_chain_is_one_kernel() -> None:
@@ -50,7 +55,7 @@ def test_log_softmax_is_one_kernel() -> None:
 def test_layer_norm_with_residual_is_one_kernel() -> None:
     x, r = torch.randn(64, 48), torch.randn(64, 48)
     w, b = torch.randn(48), torch.randn(48)
-    fn = lambda x, r, w, b: F.layer_norm(x, (48,), w, b) + r  # noqa: E731
+    fn = lambda x, r, w, b: F.layer_norm(x, (48,), w, b) + r
     assert kernels_after_first_call(fn, x, r, w, b, rtol=1e-4, atol=1e-5) == 1
 
 

@@ -10,6 +10,9 @@ import torch.nn.functional as F
 
 from minductor import metrics
 
+# every test runs with the C++ and the Triton (interpreter) code generator
+pytestmark = pytest.mark.usefixtures("cpu_backend")
+
 
 @pytest.fixture(autouse=True)
 def fresh() -> None:

@@ -12,6 +12,9 @@ import torch
 
 from conftest import LAYOUT_NAMES, check, check_named, make
 
+# every test runs with the C++ and the Triton (interpreter) code generator
+pytestmark = pytest.mark.usefixtures("cpu_backend")
+
 F32, F64, I32, I64, BOOL = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
 NAN, INF = float("nan"), float("inf")
 

@@ -126,7 +126,7 @@ def test_half_inputs(dtype: torch.dtype) -> None:
 
 
 def test_symbolic_sizes() -> None:
-    fn = lambda x, y: ((x * y).sum(-1) + 1, (x + 1).relu())  # noqa: E731
+    fn = lambda x, y: ((x * y).sum(-1) + 1, (x + 1).relu())
     compiled = torch.compile(fn, backend="minductor", dynamic=True)
     for n, m in [(3, 5), (4, 9), (7, 1100)]:
         x, y = torch.randn(n, m), torch.randn(n, m)

@@ -91,7 +91,7 @@ def _arg_reduction(kernel: Any, rtype: str, v: TV, mask: str, t: str, init: str)
     if not loop.looped:
         vals = kernel.cse_value(f"tl.where({mask}, {v}, {init})", v.dtype, frozenset({"x", "r"}))
         idx = kernel.cse_value(f"tl.where({mask}, rindex, {big})", torch.int32, frozenset({"x", "r"}))
-        return _result(kernel, f"{rtype}({vals}, {idx}, 1)[:, None].to(tl.int64)", torch.int64)
+        return _arg_result(kernel, rtype, vals, idx)
     accv = kernel.newvar().replace("tmp", "accv")
     acci = kernel.newvar().replace("tmp", "acci")
     loop.prefix.writeline(f"{accv} = tl.full([XBLOCK, {loop.rblock}], {init}, {t})")
@@ -100,7 +100,12 @@ def _arg_reduction(kernel: Any, rtype: str, v: TV, mask: str, t: str, init: str)
     loop.body.writeline(f"{nv}, {ni} = {rtype}_combine({accv}, {acci}, {v}, rindex)")
     loop.body.writeline(f"{accv} = tl.where({mask}, {nv}, {accv})")
     loop.body.writeline(f"{acci} = tl.where({mask}, {ni}, {acci})")
-    return _result(kernel, f"{rtype}({accv}, {acci}, 1)[:, None].to(tl.int64)", torch.int64)
+    return _arg_result(kernel, rtype, TV(accv, v.dtype, v.dims), acci)
+
+
+def _arg_result(kernel: Any, rtype: str, values: TV, indices: str) -> TV:
+    best = _result(kernel, _final(rtype[3:], values.dtype, values), values.dtype)
+    return _result(kernel, f"first_index_of({values}, {indices}, {best}, 1)[:, None].to(tl.int64)", torch.int64)
 
 
 def _welford(kernel: Any, v: TV, mask: str, t: str) -> tuple[TV, TV, TV]:

@@ -24,13 +24,13 @@ INTERPRET: bool = bool(knobs.runtime.interpret)
 @triton.jit
 def maximum(a, b):
     """torch.maximum for floats: NaN wins."""
-    return tl.where((a > b) | (a != a), a, b)
+    return tl.where(a != a, a, tl.where(a > b, a, b))
 
 
 @triton.jit
 def minimum(a, b):
     """torch.minimum for floats: NaN wins."""
-    return tl.where((a < b) | (a != a), a, b)
+    return tl.where(a != a, a, tl.where(a < b, a, b))
 
 
 @triton.jit
@@ -39,13 +39,21 @@ def multiply(a, b):
 
 
 @triton.jit
+def _nan_or(x, value, axis: tl.constexpr):
+    """``value`` where the reduced slice of ``x`` holds no NaN, else NaN (reductions use builtins only:
+    a GPU reduces them in registers, the interpreter with NumPy)."""
+    nans = tl.sum(tl.where(x != x, 1, 0), axis)
+    return tl.where(nans > 0, tl.sum(tl.where(x != x, x, 0.0), axis), value)
+
+
+@triton.jit
 def max_nan(x, axis: tl.constexpr):
-    return tl.reduce(x, axis, maximum)
+    return _nan_or(x, tl.max(x, axis), axis)
 
 
 @triton.jit
 def min_nan(x, axis: tl.constexpr):
-    return tl.reduce(x, axis, minimum)
+    return _nan_or(x, tl.min(x, axis), axis)
 
 
 @triton.jit
@@ -55,7 +63,7 @@ def prod(x, axis: tl.constexpr):
 
 @triton.jit
 def argmax_combine(va, ia, vb, ib):
-    """Pick the larger value, NaN first, the lower index on ties (eager's argmax)."""
+    """Lane-wise step of a looped argmax: the larger value, NaN first, the lower index on ties."""
     a_nan = va != va
     b_nan = vb != vb
     tie = (va == vb) | (a_nan & b_nan)
@@ -73,28 +81,23 @@ def argmin_combine(va, ia, vb, ib):
 
 
 @triton.jit
-def argmax(value, index, axis: tl.constexpr):
-    _, out = tl.reduce((value, index), axis, argmax_combine)
-    return out
-
-
-@triton.jit
-def argmin(value, index, axis: tl.constexpr):
-    _, out = tl.reduce((value, index), axis, argmin_combine)
-    return out
-
-
-@triton.jit
-def welford_combine(mean_a, m2_a, w_a, mean_b, m2_b, w_b):
-    w = w_a + w_b
-    delta = mean_b - mean_a
-    frac = tl.where(w == 0.0, 0.0, w_b / tl.where(w == 0.0, 1.0, w))
-    return mean_a + delta * frac, m2_a + m2_b + delta * delta * w_a * frac, w
+def first_index_of(value, index, best, axis: tl.constexpr):
+    """The lowest ``index`` along ``axis`` whose ``value`` is ``best`` (NaN matches NaN): with
+    ``best`` the max or min, eager's argmax/argmin."""
+    best = tl.expand_dims(best, axis)
+    hit = (value == best) | ((value != value) & (best != best))
+    return tl.min(tl.where(hit, index, 2147483647), axis)
 
 
 @triton.jit
 def welford(mean, m2, weight, axis: tl.constexpr):
-    return tl.reduce((mean, m2, weight), axis, welford_combine)
+    """Combine per-lane (mean, m2, weight) along ``axis`` (Chan's parallel formula)."""
+    total = tl.sum(weight, axis)
+    safe = tl.where(total == 0.0, 1.0, total)
+    out_mean = tl.sum(mean * weight, axis) / safe
+    delta = mean - tl.expand_dims(out_mean, axis)
+    out_m2 = tl.sum(m2 + weight * delta * delta, axis)
+    return out_mean, out_m2, total
 
 
 @triton.jit
