@@ -47,8 +47,21 @@ def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]
     return compile_fn
 
 
+def _rewrite_before_aot(gm: torch.fx.GraphModule) -> None:
+    """Ops AOTAutograd would decompose but the XLA path runs whole: einsum (and aten.gru with scan_rnn)."""
+    from minductor import config
+    from minductor.codegen.xla_einsum import rewrite_einsum
+
+    rewrite_einsum(gm)
+    if config.scan_rnn:
+        from minductor.nn import rewrite_gru
+
+        rewrite_gru(gm)
+
+
 def minductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
     """Dynamo backend: AOTAutograd with minductor's forward/backward/inference compilers."""
+    _rewrite_before_aot(gm)
     return aot_autograd(
         fw_compiler=_compiler("forward"),
         bw_compiler=_compiler("backward"),

@@ -42,6 +42,9 @@ cxx: str = os.environ.get("MINDUCTOR_CXX") or "g++"
 compile_threads: int = _env_int("MINDUCTOR_COMPILE_THREADS", min(os.cpu_count() or 1, 8))
 # Code generator for CPU tensors: "cpp" (Triton and XLA backends are not written yet).
 cpu_backend: str = "cpp"
+# Compiled graphs that call a GRU (torch.nn.GRU / aten.gru) run it as one scan per layer and
+# direction on the XLA path instead of unrolling the recurrence into the graph.
+scan_rnn: bool = _env_bool("MINDUCTOR_SCAN_RNN")
 # Run random ops (rand, dropout) through aten so results match eager bit for bit.
 fallback_random: bool = False
 

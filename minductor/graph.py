@@ -41,6 +41,7 @@ class GraphLowering(torch.fx.Interpreter):
         self._input_index = 0
         self.sizevars = SizeVars(example_inputs)
         self.symbol_inputs: dict[str, sympy.Expr] = {}  # SymInt graph inputs, by placeholder name
+        self.dump: Any = None  # the debug dump (debug.GraphDump) when config.debug is on
 
     def register_buffer(self, buf: Buffer) -> str:
         buf.name = f"buf{len(self.buffers)}"
@@ -295,6 +296,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     if dump is not None:
         dump.write("fx_graph.py", gm.print_readable(print_output=False))
     graph = GraphLowering(gm, example_inputs)
+    graph.dump = dump  # lowerings that build their own computations (XLA) dump them here
     try:
         with V.set_graph(graph):
             graph.run(*example_inputs)                               # 1. lower (and realize)
