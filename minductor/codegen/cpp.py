@@ -35,8 +35,10 @@ Expr = sympy.Expr
 
 # below this many element-iterations a kernel runs on one thread
 PARALLEL_THRESHOLD = 32768
-# independent accumulators per reduction (two AVX2 vectors of float)
+# independent accumulators per reduction: at least one AVX2 vector of float, and up to
+# MAX_LANES on long rows, where more independent add chains keep up with memory
 LANES = 8
+MAX_LANES = 32
 # outer-lane mode (reducing along a strided dim): columns per tile, a few cache lines wide
 OUTER_LANES = 64
 ARGS_PLACEHOLDER = "MI_KERNEL_ARGS"
@@ -193,7 +195,7 @@ class CppKernel:
                 # every lane has seen the same count: one reciprocal per lane step, no division per element
                 update = f"mi_welford_update_rw<{ctype}>({lane}, static_cast<{ctype}>({value}), static_cast<{ctype}>(mi_rw))"
                 self.welford_accs.append(acc)
-            lanes = self.outer_lanes if self.tile_var is not None else LANES
+            lanes = self.outer_lanes if self.tile_var is not None else self.lanes
             self.prefix.writeline(f"{acc_type} {acc}_lanes[{lanes}];")
             self.prefix.writeline(f"for (int mi_l = 0; mi_l < {lanes}; mi_l++) {acc}_lanes[mi_l] = {init};")
             self.body.writeline(f"{lane} = {update};")
@@ -386,6 +388,7 @@ class CppKernel:
         self.rlinear = _linear(red_vars, loop.red)
         self.accumulators = []
         self.last_red_size = merged_red.sizes[-1] if merged_red.sizes else sympy.Integer(1)
+        self.lanes = inner_lanes(self.last_red_size, thread_chunk)
         self.welford_rw = len(merged_red.variables) == 1 and self.tile_var is None
         self.welford_accs: list[str] = []
         with V.set_ops(CppOps(self)), V.set_kernel(self):
@@ -490,14 +493,15 @@ class CppKernel:
             begin, end = "mi_begin", "mi_end"
         else:
             begin, end = "0", cpp_index(size)
-        code.writeline(f"const int64_t mi_main = {begin} + (({end} - {begin}) / {LANES}) * {LANES};")
-        code.writeline(f"for (int64_t mi_base = {begin}; mi_base < mi_main; mi_base += {LANES})")
+        lanes = self.lanes
+        code.writeline(f"const int64_t mi_main = {begin} + (({end} - {begin}) / {lanes}) * {lanes};")
+        code.writeline(f"for (int64_t mi_base = {begin}; mi_base < mi_main; mi_base += {lanes})")
         code.writeline("{")
         with code.indent(open_brace=False):
             if self.welford_accs:
-                code.writeline(f"const double mi_rw = 1.0 / static_cast<double>((mi_base - {begin}) / {LANES} + 1);")
+                code.writeline(f"const double mi_rw = 1.0 / static_cast<double>((mi_base - {begin}) / {lanes} + 1);")
             code.writeline("#pragma omp simd")
-            code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {LANES}; mi_lane++)")
+            code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {lanes}; mi_lane++)")
             with code.indent():
                 code.writeline(f"const int64_t {var} = mi_base + mi_lane;")
                 code.splice(self.body)
@@ -513,7 +517,7 @@ class CppKernel:
             code.writeline("}")
         for acc, acc_type, _, combine in self.accumulators:
             code.writeline(f"{acc_type} {acc} = {acc}_lanes[0];")
-            code.writeline(f"for (int mi_l = 1; mi_l < {LANES}; mi_l++) {acc} = {combine.format(a=acc, b=f'{acc}_lanes[mi_l]')};")
+            code.writeline(f"for (int mi_l = 1; mi_l < {lanes}; mi_l++) {acc} = {combine.format(a=acc, b=f'{acc}_lanes[mi_l]')};")
 
     def _tmp_counter(self) -> int:
         return getattr(self, "_tmp_counter_value", 0)
@@ -535,7 +539,8 @@ class CppKernel:
             code.writeline("{")
             with code.indent(open_brace=False):
                 code.writeline("const int64_t mi_tid = omp_get_thread_num(), mi_nthr = omp_get_num_threads();")
-                code.writeline(f"const int64_t mi_chunk = (({numel} + mi_nthr - 1) / mi_nthr + {LANES - 1}) / {LANES} * {LANES};")
+                lanes = self.lanes
+                code.writeline(f"const int64_t mi_chunk = (({numel} + mi_nthr - 1) / mi_nthr + {lanes - 1}) / {lanes} * {lanes};")
                 code.writeline(f"const int64_t mi_begin = mi_min_i64({numel}, mi_tid * mi_chunk);")
                 code.writeline(f"const int64_t mi_end = mi_min_i64({numel}, mi_begin + mi_chunk);")
                 code.lines.extend(block.lines)
@@ -575,6 +580,15 @@ class CppKernel:
                 out.writeline(line.replace(ARGS_PLACEHOLDER, ", ".join(names)))
         out.writeline("}")
         return out.getvalue()
+
+
+def inner_lanes(row: Expr, whole_range: bool = False) -> int:
+    """Accumulator lanes for a reduction over rows of ``row`` elements: more lanes hide the
+    add latency on long rows, fewer keep the final combine cheap on short ones."""
+    size = V.graph.sizevars.hint(row)
+    if whole_range or size >= 1024:
+        return MAX_LANES
+    return 16 if size >= 256 else LANES
 
 
 def _combine(mode: str, current: str, value: str) -> str:
