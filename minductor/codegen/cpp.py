@@ -191,14 +191,20 @@ class CppKernel:
             acc_type, init, update, combine = _reduction_code(rtype, ctype, acc, value, self.index_str(self.rlinear))
             lane = f"{acc}_lanes[mi_lane]"
             update = _reduction_code(rtype, ctype, lane, value, self.index_str(self.rlinear))[2]
-            if rtype == "welford_reduce" and self.welford_rw:
-                # every lane has seen the same count: one reciprocal per lane step, no division per element
-                update = f"mi_welford_update_rw<{ctype}>({lane}, static_cast<{ctype}>({value}), static_cast<{ctype}>(mi_rw))"
-                self.welford_accs.append(acc)
             lanes = self.outer_lanes if self.tile_var is not None else self.lanes
-            self.prefix.writeline(f"{acc_type} {acc}_lanes[{lanes}];")
-            self.prefix.writeline(f"for (int mi_l = 0; mi_l < {lanes}; mi_l++) {acc}_lanes[mi_l] = {init};")
-            self.body.writeline(f"{lane} = {update};")
+            if rtype == "welford_reduce" and self.welford_rw:
+                # every lane has seen the same count: one reciprocal per lane step, no division per
+                # element; mean and m2 live in separate arrays (structure of arrays) so the lane
+                # loop vectorizes without shuffles, and become MiWelford lanes after the loop
+                self.prefix.writeline(f"{ctype} {acc}_mean[{lanes}], {acc}_m2[{lanes}];")
+                self.prefix.writeline(f"for (int mi_l = 0; mi_l < {lanes}; mi_l++) {{ {acc}_mean[mi_l] = 0; {acc}_m2[mi_l] = 0; }}")
+                self.body.writeline(f"mi_welford_soa_update<{ctype}>({acc}_mean[mi_lane], {acc}_m2[mi_lane], "
+                                    f"static_cast<{ctype}>({value}), static_cast<{ctype}>(mi_rw));")
+                self.welford_accs.append((acc, ctype))
+            else:
+                self.prefix.writeline(f"{acc_type} {acc}_lanes[{lanes}];")
+                self.prefix.writeline(f"for (int mi_l = 0; mi_l < {lanes}; mi_l++) {acc}_lanes[mi_l] = {init};")
+                self.body.writeline(f"{lane} = {update};")
             self.accumulators.append((acc, acc_type, init, combine))
         if rtype == "welford_reduce":
             return (f"{acc}.mean", f"{acc}.m2", f"{acc}.weight")
@@ -390,7 +396,7 @@ class CppKernel:
         self.last_red_size = merged_red.sizes[-1] if merged_red.sizes else sympy.Integer(1)
         self.lanes = inner_lanes(self.last_red_size, thread_chunk)
         self.welford_rw = len(merged_red.variables) == 1 and self.tile_var is None
-        self.welford_accs: list[str] = []
+        self.welford_accs: list[tuple[str, str]] = []  # (accumulator, compute type) kept as arrays
         with V.set_ops(CppOps(self)), V.set_kernel(self):
             for node in loop.nodes:
                 node.run(make_vars("x", n_outer) + pw_vars, red_vars)
@@ -510,11 +516,17 @@ class CppKernel:
         with code.indent():
             code.writeline("const int64_t mi_lane = 0;")
             if self.welford_accs:
-                code.writeline(f"const double mi_rw = 1.0 / static_cast<double>({self.welford_accs[0]}_lanes[0].weight + 1);")
+                code.writeline(f"const double mi_rw = 1.0 / static_cast<double>((mi_main - {begin}) / {lanes} + ({var} - mi_main) + 1);")
             code.splice(self.body)
         for _ in outer_dims:
             code._indent -= 1
             code.writeline("}")
+        for acc, ctype in self.welford_accs:
+            t = f"MiWelford<{ctype}>"
+            code.writeline(f"{t} {acc}_lanes[{lanes}];")
+            code.writeline(f"const {ctype} {acc}_w = static_cast<{ctype}>((mi_main - {begin}) / {lanes});")
+            code.writeline(f"for (int mi_l = 0; mi_l < {lanes}; mi_l++) {acc}_lanes[mi_l] = {t}{{{acc}_mean[mi_l], {acc}_m2[mi_l], {acc}_w}};")
+            code.writeline(f"{acc}_lanes[0].weight += static_cast<{ctype}>({end} - mi_main);")
         for acc, acc_type, _, combine in self.accumulators:
             code.writeline(f"{acc_type} {acc} = {acc}_lanes[0];")
             code.writeline(f"for (int mi_l = 1; mi_l < {lanes}; mi_l++) {acc} = {combine.format(a=acc, b=f'{acc}_lanes[mi_l]')};")

@@ -366,6 +366,11 @@ template <typename T> static inline MiWelford<T> mi_welford_update_rw(MiWelford<
     T mean = acc.mean + delta * rw;
     return MiWelford<T>{mean, acc.m2 + delta * (v - mean), acc.weight + T(1)};
 }
+template <typename T> static inline void mi_welford_soa_update(T& mean, T& m2, T v, T rw) {
+    T delta = v - mean;
+    mean += delta * rw;
+    m2 += delta * (v - mean);
+}
 template <typename T> static inline MiWelford<T> mi_welford_combine(MiWelford<T> a, MiWelford<T> b) {
     if (a.weight == 0) return b;
     if (b.weight == 0) return a;
