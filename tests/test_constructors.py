@@ -75,10 +75,10 @@ def test_constructors_with_inputs(layout: str) -> None:
     }, x, i)
 
 
-@pytest.mark.xfail(strict=True, reason="arange(0.5, 6.5, 1.5, dtype=int64): eager (and the graph's meta) give 6 "
-                   "elements [0..5] (args cast to int64 first), minductor gives 4 [0, 1, 2, 3]")
 def test_arange_int64_dtype_with_float_args() -> None:
-    check(lambda x: torch.arange(0.5, 6.5, 1.5, dtype=I64) + x, torch.tensor(0))
+    """Eager converts the bounds to the integer type first: arange(0.5, 6.5, 1.5, dtype=int64) is 0..5."""
+    check(lambda x: (torch.arange(0.5, 6.5, 1.5, dtype=I64) + x, torch.arange(-2.7, 5.9, 2.2, dtype=torch.int32) + x),
+          torch.tensor(0))
 
 
 def test_empty_shape_and_dtype_only() -> None:

@@ -248,7 +248,6 @@ def test_var_mean_keepdim_tuple() -> None:
     check(lambda x: torch.var_mean(x, (0, 2), keepdim=True, correction=0) + torch.var_mean(x, -1, correction=1), x)
 
 
-@pytest.mark.xfail(strict=True, reason="any() of a uint8 tensor returns bool; eager keeps uint8 (all() is right)")
 def test_any_all_uint8_keep_dtype() -> None:
     x = torch.tensor([[0, 1, 2], [0, 0, 0]], dtype=torch.uint8)
     check(lambda x: (x.any(1), x.all(1), x.any(), x.all()), x)

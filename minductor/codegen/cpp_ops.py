@@ -6,6 +6,7 @@ Values are C++ variable names. Arithmetic results are cast back to the operand t
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -190,16 +191,29 @@ class CppOps:
         return self._same(a, f"{a} / {b}")
 
     def floordiv(self, a: str, b: str) -> str:
+        self._check_divisor(a, b)
         return self._cse(f"mi_floordiv<{_t(a)}>({a}, {b})")
 
     def truncdiv(self, a: str, b: str) -> str:
+        self._check_divisor(a, b)
         return self._cse(f"mi_truncdiv<{_t(a)}>({a}, {b})")
 
     def mod(self, a: str, b: str) -> str:
+        self._check_divisor(a, b)
         return self._cse(f"mi_mod<{_t(a)}>({a}, {b})")
 
     def fmod(self, a: str, b: str) -> str:
+        self._check_divisor(a, b)
         return self._cse(f"mi_fmod<{_t(a)}>({a}, {b})")
+
+    def _check_divisor(self, a: str, b: str) -> None:
+        """Integer division by zero raises ZeroDivisionError like eager (through the error flag);
+        a nonzero constant divisor needs no check."""
+        defining = next((e for e, v in self.kernel.cse.cache.items() if v == b), "")
+        if re.fullmatch(r"static_cast<[\w:]+>\(-?\d+(\.\d*)?(LL)?\)", defining) and not re.search(r"\(-?0(\.0*)?(LL)?\)$", defining):
+            return
+        self.kernel.uses_error_flag = True
+        self.kernel.body.writeline(f"mi_check_divisor<{_t(a)}>({b}, mi_err);")
 
     def pow(self, a: str, b: str) -> str:
         return self._cse(f"mi_pow<{_t(a)}>({a}, {b})")

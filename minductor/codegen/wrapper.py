@@ -15,6 +15,7 @@ import torch
 from minductor import config, metrics
 from minductor.codegen.common import CodeBuffer, KernelCode, py_index
 from minductor.codegen.cpp import CppKernel, kernel_name
+from minductor.codegen.cpp_scan import CppScanKernel
 from minductor.codegen.memory import PoolSlots, plan_memory
 from minductor.ir.nodes import (
     Buffer,
@@ -57,7 +58,7 @@ def codegen_kernel(group: FusedGroup, index: int) -> KernelCode:
             ) from e
         return codegen_triton_kernel(group, index)
     name = kernel_name(group, index)
-    kernel = CppKernel(group, name)
+    kernel = CppScanKernel(group, name) if group.has_scan() else CppKernel(group, name)
     source = kernel.generate()
     call_args = [f"c_void_p({buf}.data_ptr())" for buf, _, _ in kernel.args.call_order()]
     call_args += [f"c_int64({s})" for s in kernel.size_args]

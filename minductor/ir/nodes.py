@@ -117,6 +117,42 @@ class Reduction(Loops):
         )
 
 
+@dataclasses.dataclass(eq=False)
+class Scan(Loops):
+    """A running combine along ``ranges[scan_dim]``: ``carry = combine_fn(carry, inner_fn(index))``
+    from ``init``, and each position stores ``carry[output_index]`` (cast to ``dtype``).
+
+    ``inner_fn(index)`` and ``combine_fn(carry, values)`` work on tuples of values of
+    ``carry_dtypes`` (cummax carries (value, index)); nodes built from one ``Scan`` share
+    ``inner_fn`` and ``combine_fn`` and become one kernel. Codegen: codegen/cpp_scan.py.
+    """
+
+    scan_dim: int = 0
+    init: tuple[Any, ...] = ()
+    carry_dtypes: tuple[torch.dtype, ...] = ()
+    combine_fn: Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Any, ...]] = None  # type: ignore[assignment]
+    output_index: int = 0
+
+    def make_loader(self) -> Loader:
+        raise RuntimeError("a Scan is read through its realized buffer")
+
+    def outer_ranges(self) -> list[Expr]:
+        return self.ranges[: self.scan_dim] + self.ranges[self.scan_dim + 1:]
+
+    def full_index(self, index: Sequence[Expr], scan_index: Expr) -> list[Expr]:
+        """The output index of outer position ``index`` at ``scan_index`` along the scan."""
+        return list(index[: self.scan_dim]) + [scan_index] + list(index[self.scan_dim:])
+
+    def _run_for_count(self) -> None:
+        self.inner_fn(make_vars("i", len(self.ranges)))
+
+    def __str__(self) -> str:
+        return (
+            f"Scan({self.dtype}, ranges={self.ranges}, dim={self.scan_dim}, output={self.output_index}, "
+            f"origins={sorted(self.origins)})"
+        )
+
+
 class _CountingHandler(DefaultHandler):
     def __init__(self) -> None:
         self.ops = 0
@@ -213,7 +249,12 @@ class ComputedBuffer(Buffer):
     def is_reduction(self) -> bool:
         return isinstance(self.data, Reduction)
 
+    def is_scan(self) -> bool:
+        return isinstance(self.data, Scan)
+
     def get_ranges(self) -> tuple[list[Expr], list[Expr]]:
+        if isinstance(self.data, Scan):
+            return self.data.outer_ranges(), [self.data.ranges[self.data.scan_dim]]
         if isinstance(self.data, Reduction):
             return list(self.data.ranges), list(self.data.reduction_ranges)
         return list(self.data.ranges), []
@@ -224,6 +265,12 @@ class ComputedBuffer(Buffer):
         if self.mutates is not None:
             # the body stores itself (its index may be indirect); it returns nothing
             return data.inner_fn(index)
+        if isinstance(data, Scan):
+            # the reads and the write of one step (codegen/cpp_scan.py emits the loop itself)
+            full = data.full_index(index, rindex[0])
+            values = data.inner_fn(full)
+            carry = data.combine_fn(values, values)
+            return ops.store(self.name, self.layout.make_indexer()(full), carry[data.output_index])
         out_index = self.layout.make_indexer()(index)
         if isinstance(data, Reduction):
             value = ops.reduction(data.dtype, data.src_dtype, data.reduction_type, data.inner_fn(index, rindex))

@@ -132,6 +132,12 @@ def arange(*args: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> Tenso
     start, end, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) > 2 else 1)
     if dtype is None:
         dtype = torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype()
+    numeric = all(isinstance(v, (int, float)) or (isinstance(v, sympy.Expr) and v.is_number) for v in (start, end, step))
+    if numeric and not dtype.is_floating_point:
+        # eager converts the bounds to the integer type first: arange(0.5, 6.5, 1.5, dtype=int64) is 0..5
+        start, end, step = int(start), int(end), int(step)
+        if step == 0:
+            raise Unsupported("arange with an integer dtype and a step that truncates to 0 (eager raises)")
     if all(isinstance(v, int) for v in (start, end, step)):
         length = sympy.Integer(max(0, -(-(end - start) // step)))
     elif any(isinstance(v, sympy.Expr) and not v.is_number for v in (start, end, step)):

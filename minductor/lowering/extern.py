@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import sympy
 import torch
+import torch.utils._pytree as pytree
 
 from minductor import metrics
 from minductor.ir.layout import FixedLayout
@@ -73,12 +75,54 @@ def convolution(x: TensorBox, weight: TensorBox, bias: Any, stride: Any, padding
 def fallback(op: Any, args: Any, kwargs: Any, val: Any) -> Any:
     """Run ``op`` through aten: a graph never fails to compile because an op is missing."""
     metrics.fallback_ops[str(op.overloadpacket if hasattr(op, "overloadpacket") else op)] += 1
+    args, kwargs = _realize_args(args), _realize_args(kwargs)
+    val = _replay_with_layouts(op, args, kwargs, val)
     layout = layout_of(val) if isinstance(val, torch.Tensor) else None
-    node = FallbackKernel(name="", layout=layout, op=op, args=_realize_args(args), kwargs=_realize_args(kwargs))  # type: ignore[arg-type]
+    node = FallbackKernel(name="", layout=layout, op=op, args=args, kwargs=kwargs)  # type: ignore[arg-type]
     V.graph.register_buffer(node)
     if isinstance(val, torch.Tensor):
         return TensorBox.create(node)
     return _pick_outputs(node, val, ())
+
+
+def _replay_with_layouts(op: Any, args: Any, kwargs: Any, val: Any) -> Any:
+    """The fallback's result as aten computes it from the inputs' layouts in *this* graph.
+
+    The graph's fake result assumed eager's input strides; minductor may lay an intermediate
+    out differently, and ops like sort or slice_scatter keep their input's strides. Rerun the
+    op on fake tensors with minductor's layouts; keep ``val`` when that is not possible
+    (symbolic layouts, an op fake tensors cannot run) or gives other shapes or dtypes.
+    """
+    leaves = [v for v in pytree.tree_leaves(val) if isinstance(v, torch.Tensor)]
+    mode = getattr(leaves[0], "fake_mode", None) if leaves else None
+    inputs = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, IRNode)]
+    if mode is None or not inputs:
+        return val
+    try:
+        with mode:
+            fake_args, fake_kwargs = pytree.tree_map_only(IRNode, _fake_of, (args, kwargs))
+            out = op(*fake_args, **fake_kwargs)
+    except Exception:  # noqa: BLE001 - any failure: keep the graph's own result
+        return val
+    out_leaves, spec = pytree.tree_flatten(out)
+    val_leaves, val_spec = pytree.tree_flatten(val)
+    if spec != val_spec or any(
+        isinstance(v, torch.Tensor) != isinstance(o, torch.Tensor)
+        or isinstance(v, torch.Tensor) and (v.shape != o.shape or v.dtype != o.dtype or v.device != o.device)
+        for v, o in zip(val_leaves, out_leaves)
+    ):
+        return val
+    return out
+
+
+def _fake_of(node: IRNode) -> torch.Tensor:
+    """A fake tensor with ``node``'s size, strides and offset (raises if any is symbolic)."""
+    layout = node.layout  # a realized buffer or a ReinterpretView
+    exprs = [*layout.size, *layout.stride, layout.offset, layout.storage_numel()]
+    if not all(sympy.sympify(e).is_Integer for e in exprs):
+        raise ValueError("symbolic layout")
+    base = torch.empty_strided((int(layout.storage_numel()),), (1,), dtype=layout.dtype, device=layout.device)
+    return base.as_strided([int(s) for s in layout.size], [int(s) for s in layout.stride], int(layout.offset))
 
 
 def _pick_outputs(node: FallbackKernel, val: Any, indices: tuple[int, ...]) -> Any:

@@ -175,7 +175,8 @@ def min_all(x: TensorBox) -> TensorBox:
 
 @register_lowering(aten.any)
 def any_(x: TensorBox, dims: Any = None, keepdim: bool = False) -> TensorBox:
-    return make_reduction(x, dims, keepdim, "any", torch.bool)
+    out = make_reduction(x, dims, keepdim, "any", torch.bool)
+    return to_dtype(out, torch.uint8) if x.get_dtype() == torch.uint8 else out  # eager keeps uint8
 
 
 @register_lowering(aten.all)

@@ -49,7 +49,12 @@ def print_call_time(call: Callable[[list[Any]], Any], make_inputs: Callable[[], 
 
 
 def check_index_error(flag: torch.Tensor, kernel: str) -> None:
-    """Raise eager's error when a kernel met an out-of-range index (gather, index, scatter...)."""
-    if int(flag[0]):
+    """Raise eager's error when a kernel flagged one: 1 = an out-of-range index (gather, index,
+    scatter...), 2 = an integer division by zero."""
+    code = int(flag[0])
+    if code == 2:
+        raise RuntimeError(f"ZeroDivisionError (minductor: integer division by zero in kernel {kernel}, "
+                           "as eager raises for this input)")
+    if code:
         raise IndexError(f"minductor: index out of range in kernel {kernel} (an index tensor holds a value outside "
                          "the indexed dimension); eager PyTorch raises the same error for this input")

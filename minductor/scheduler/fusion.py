@@ -90,6 +90,8 @@ def can_fuse(a: FusedGroup, b: FusedGroup, nodes_between: bool) -> bool:
     """
     if nodes_between or a.has_mutation() or b.has_mutation():
         return False
+    if a.has_scan() or b.has_scan():
+        return scan_siblings(a, b)
     outer = fused_outer(a, b)
     if outer is None:
         return False
@@ -109,6 +111,16 @@ def can_fuse(a: FusedGroup, b: FusedGroup, nodes_between: bool) -> bool:
             if not read_within_iteration(wdep, wnode, dep, rnode, n_outer):
                 return False
     return True
+
+
+def scan_siblings(a: FusedGroup, b: FusedGroup) -> bool:
+    """Scans are kernels of their own; only the outputs of one scan (cummax's values and
+    indices) share one."""
+    nodes = a.nodes + b.nodes
+    if not all(n.is_scan() for n in nodes):
+        return False
+    first = nodes[0].node.data
+    return all(n.node.data.combine_fn is first.combine_fn and n.node.data.inner_fn is first.inner_fn for n in nodes)
 
 
 def score_fusion(a: FusedGroup, b: FusedGroup, buffer_bytes: dict[str, int]) -> tuple[int, int, int]:

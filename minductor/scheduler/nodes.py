@@ -57,6 +57,9 @@ class SchedulerNode(BaseSchedulerNode):
     def is_reduction(self) -> bool:
         return self.node.is_reduction()
 
+    def is_scan(self) -> bool:
+        return self.node.is_scan()
+
     def run(self, index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
         """Run the body with canonical (size-1-free) indices under the current handler."""
         full = [sympy.Integer(0)] * len(self.full_ranges)
@@ -130,6 +133,9 @@ class FusedGroup:
 
     def has_reduction(self) -> bool:
         return any(n.is_reduction() for n in self.nodes)
+
+    def has_scan(self) -> bool:
+        return any(n.is_scan() for n in self.nodes)
 
     def __repr__(self) -> str:
         return f"FusedGroup({self.names()}, outer={self.outer})"

@@ -66,6 +66,16 @@ template <typename T> static inline T mi_minimum(T a, T b) {
 }
 
 // Python-style floor division and modulo
+// two's-complement negation without overflow (-INT_MIN == INT_MIN, as eager computes it)
+template <typename T> static inline T mi_wrap_neg(T a) {
+    return static_cast<T>(0ULL - static_cast<unsigned long long>(a));
+}
+// integer division by zero: flag it for the wrapper to raise eager's ZeroDivisionError
+template <typename T> static inline void mi_check_divisor(T b, int64_t* err) {
+    if constexpr (!mi_is_float<T>::value) {
+        if (b == 0) err[0] = 2;
+    }
+}
 template <typename T> static inline T mi_floordiv(T a, T b) {
     if constexpr (mi_is_float<T>::value) {
         if (b == 0) return a / b;
@@ -78,6 +88,7 @@ template <typename T> static inline T mi_floordiv(T a, T b) {
         return floordiv;
     } else {
         if (b == 0) return 0;
+        if (b == T(-1)) return mi_wrap_neg(a);  // INT_MIN / -1 traps (SIGFPE); eager wraps
         T q = a / b;
         if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
         return q;
@@ -87,7 +98,7 @@ template <typename T> static inline T mi_truncdiv(T a, T b) {
     if constexpr (mi_is_float<T>::value) {
         return mi_c_trunc(a / b);
     } else {
-        return b == 0 ? 0 : a / b;
+        return b == 0 ? 0 : (b == T(-1) ? mi_wrap_neg(a) : a / b);
     }
 }
 template <typename T> static inline T mi_mod(T a, T b) {
@@ -96,7 +107,7 @@ template <typename T> static inline T mi_mod(T a, T b) {
         if (m != 0 && ((b < 0) != (m < 0))) m += b;
         return m;
     } else {
-        if (b == 0) return 0;
+        if (b == 0 || b == T(-1)) return 0;
         T m = a % b;
         if (m != 0 && ((b < 0) != (m < 0))) m += b;
         return m;
@@ -104,7 +115,7 @@ template <typename T> static inline T mi_mod(T a, T b) {
 }
 template <typename T> static inline T mi_fmod(T a, T b) {
     if constexpr (mi_is_float<T>::value) return mi_c_fmod(a, b);
-    else return b == 0 ? 0 : a % b;
+    else return (b == 0 || b == T(-1)) ? 0 : a % b;
 }
 template <typename T> static inline T mi_pow(T a, T b) {
     if constexpr (mi_is_float<T>::value) {
