@@ -17,6 +17,7 @@ import torch
 from minductor.ir.nodes import Buffer, ComputedBuffer, Pointwise, StorageBox, TensorBox
 from minductor.ir.ops import ops
 from minductor.ir.views import realize_input
+from minductor.lowering.constructors import full_like
 from minductor.lowering.pointwise import clone
 from minductor.lowering.registry import (
     Unsupported,
@@ -105,16 +106,23 @@ def index_put(x: TensorBox, indices: Sequence[Any], values: Any, accumulate: boo
 
 def _scatter(x: TensorBox, dim: int, index: TensorBox, src: Any, mode: str | None, origin: str) -> TensorBox:
     size = x.get_size()
-    dim = _dim(dim, len(size))
     if len(size) == 0:
         raise Unsupported("scatter into a 0-d tensor")
     out, buf = _fresh_buffer(x)
+    _scatter_into(buf, dim, index, src, mode, origin)
+    return out
+
+
+def _scatter_into(buf: Buffer, dim: int, index: TensorBox, src: Any, mode: str | None, origin: str) -> None:
+    """A mutation node storing ``src`` (combined by ``mode``) into ``buf`` at ``index`` along ``dim``."""
+    size = buf.get_size()
+    dim = _dim(dim, len(size))
     index_load = index.make_loader()
     ranges = index.get_size()
     if is_tensor(src):
-        src_load = to_dtype(src, x.get_dtype()).make_loader()
+        src_load = to_dtype(src, buf.get_dtype()).make_loader()
     else:
-        src_load = _value_loader(src, ranges, x.get_dtype())
+        src_load = _value_loader(src, ranges, buf.get_dtype())
     indexer = buf.layout.make_indexer()
 
     def body(idx: Sequence[Expr]) -> None:
@@ -123,7 +131,6 @@ def _scatter(x: TensorBox, dim: int, index: TensorBox, src: Any, mode: str | Non
         ops.store(buf.name, indexer(full), src_load(idx), mode)
 
     _mutate(buf, ranges, body, origin)
-    return out
 
 
 @register_lowering(aten.scatter.src, aten.scatter.value)
@@ -146,10 +153,48 @@ def scatter_add(x: TensorBox, dim: int, index: TensorBox, src: TensorBox) -> Ten
 
 @register_lowering(aten.scatter_reduce.two)
 def scatter_reduce(x: TensorBox, dim: int, index: TensorBox, src: TensorBox, reduce: str, *, include_self: bool = True) -> TensorBox:
-    modes = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
-    if reduce not in modes or not include_self:
-        raise Unsupported(f"scatter_reduce reduce={reduce!r} include_self={include_self}")
-    return _scatter(x, dim, index, src, modes[reduce], "scatter_reduce")
+    """Eager's algorithm, as serial mutation kernels: without ``include_self`` the scattered
+    positions are first reset to the reduction's identity; ``mean`` is a sum divided by the
+    number of values each position received (plus one for ``self``), floored for integers."""
+    modes = {"sum": "add", "mean": "add", "prod": "mul", "amax": "max", "amin": "min"}
+    if reduce not in modes:
+        raise Unsupported(f"scatter_reduce reduce={reduce!r}")
+    size = x.get_size()
+    if len(size) == 0:
+        raise Unsupported("scatter_reduce into a 0-d tensor")
+    dtype = x.get_dtype()
+    out, buf = _fresh_buffer(x)
+    if not include_self:
+        _scatter_into(buf, dim, index, _identity(reduce, dtype), None, "scatter_reduce")
+    _scatter_into(buf, dim, index, src, modes[reduce], "scatter_reduce")
+    if reduce != "mean":
+        return out
+    count = _fresh_buffer(full_like(x, 1 if include_self else 0))[1]
+    _scatter_into(count, dim, index, 1, "add", "scatter_reduce")
+    total, counts = out.make_loader(), TensorBox.create(count).make_loader()
+    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+    def mean(idx: Sequence[Expr]) -> Any:
+        n = counts(idx)
+        n = ops.where(ops.eq(n, ops.constant(0, compute)), ops.constant(1, compute), n)
+        if dtype.is_floating_point:
+            return ops.truediv(total(idx), n)
+        return ops.floordiv(total(idx), n)
+
+    return TensorBox.create(Pointwise(x.get_device(), dtype, mean, list(size), origins=frozenset({"scatter_reduce"})))
+
+
+def _identity(reduce: str, dtype: torch.dtype) -> Any:
+    if reduce in ("sum", "mean"):
+        return 0
+    if reduce == "prod":
+        return 1
+    if dtype == torch.bool:
+        return reduce == "amin"
+    if dtype.is_floating_point:
+        return float("-inf") if reduce == "amax" else float("inf")
+    info = torch.iinfo(dtype)
+    return info.min if reduce == "amax" else info.max
 
 
 def _index_along(x: TensorBox, dim: int, index: TensorBox, source: Any, ranges: Sequence[Expr], mode: str | None, origin: str,
