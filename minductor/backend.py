@@ -25,7 +25,7 @@ _EXTRA_DECOMPOSITIONS = [
     aten.silu_backward, aten.gelu_backward, aten.mse_loss_backward, aten.std, aten.logit,
 ]
 # decompositions we drop because a direct lowering is better
-_KEEP_WHOLE = [aten.clamp_min, aten.clamp_max]
+_KEEP_WHOLE = [aten.clamp_min, aten.clamp_max, aten.index_add]
 
 
 @functools.cache

@@ -47,6 +47,9 @@ cpu_backend: str = "cpp"
 scan_rnn: bool = _env_bool("MINDUCTOR_SCAN_RNN")
 # Run random ops (rand, dropout) through aten so results match eager bit for bit.
 fallback_random: bool = False
+# Check indirect indices (gather, index, scatter...) in generated code and raise IndexError like
+# eager; off, an out-of-range index reads or writes out of bounds (faster, for trusted inputs).
+bounds_check: bool = _env_bool("MINDUCTOR_BOUNDS_CHECK", True)
 
 # Keep large CPU buffers of a graph across calls and reuse one once nothing holds it
 # (fresh large buffers page-fault on every call; see runtime/buffer_pool.py).

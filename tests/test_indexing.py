@@ -3,6 +3,7 @@ and index-remapping copies (flip, repeat, unfold, *_copy): fused loops, no aten 
 eager's results and eager's errors."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -102,3 +103,45 @@ def test_wrong_index_dtype_raises_like_eager() -> None:
         torch.gather(x, 1, i)
     with pytest.raises(Exception, match="int64"):
         compiled(lambda x, i: torch.gather(x, 1, i))(x, i)
+
+
+FLOAT_INDEX = {
+    "index_select": (lambda x, i: x.index_select(0, i), "index_select(): Expected dtype int32 or int64 for index"),
+    "index": (lambda x, i: x[i], "tensors used as indices must be long, int, byte or bool tensors"),
+    "embedding": (lambda x, i: F.embedding(i, x), "to have one of the following scalar types: Long, Int"),
+    "index_put": (lambda x, i: x.index_put((i,), torch.ones(2)), "tensors used as indices must be long, int, byte or bool"),
+    "index_add": (lambda x, i: x.index_add(0, i, torch.ones(2, 2)), "index_add_(): Expected dtype int32/int64 for index"),
+    "gather": (lambda x, i: x.gather(0, i.view(2, 1)), "gather(): Expected dtype int32/int64 for index"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLOAT_INDEX))
+def test_float_index_raises_eagers_error(name: str) -> None:
+    """A float index tensor raises eager's message, as a RuntimeError (or eager's IndexError): a
+    lowering leaves it to aten, which raises eager's own error at run time; some are caught while
+    Dynamo traces (a TorchRuntimeError, a RuntimeError, quoting eager's message)."""
+    fn, message = FLOAT_INDEX[name]
+    x, i = torch.randn(3, 2), torch.tensor([0.0, 1.0])
+    with pytest.raises(Exception, match=re.escape(message)) as eager:
+        fn(x, i)
+    with pytest.raises((type(eager.value), RuntimeError), match=re.escape(message)):
+        compiled(fn)(x, i)
+
+
+def test_bounds_check_flag(tmp_path: Any) -> None:
+    """``config.bounds_check`` (``MINDUCTOR_BOUNDS_CHECK``) on: out-of-range indices raise; off:
+    the generated code has no check (valid indices give the same results)."""
+    from minductor import config
+
+    fn = lambda x, i: torch.gather(x, 0, i) * 2  # noqa: E731
+    x, i = torch.randn(3, 2), torch.tensor([[0, 2], [1, 0]])
+    for flag in (True, False):
+        torch._dynamo.reset()
+        dump = tmp_path / str(flag)
+        with config.patch(bounds_check=flag, debug=True, debug_dir=str(dump)):
+            torch.testing.assert_close(compiled(fn)(x, i), fn(x, i))
+            if flag:
+                with pytest.raises(IndexError, match="index out of range"):
+                    compiled(fn)(x, torch.tensor([[0, 3], [1, 0]]))
+        source = "".join(p.read_text() for p in dump.glob("*/*.cpp"))
+        assert ("mi_err" in source) == flag, source

@@ -13,6 +13,7 @@ from typing import Any
 import sympy
 import torch
 
+from minductor import config
 from minductor.codegen.common import CPP_COMPUTE_TYPES, CPP_TYPES
 from minductor.ir.indexing import index_symbol
 
@@ -300,7 +301,7 @@ class CppOps:
     def indirect_indexing(self, x: str, size: Expr, check: bool = True) -> Expr:
         size_str = self.kernel.index_str(size)
         var = self._cse(f"static_cast<int64_t>({x} < 0 ? {x} + {size_str} : {x})")
-        if check:
+        if check and config.bounds_check:
             # out of range: record it for the wrapper to raise, and read a safe element instead
             self.kernel.uses_error_flag = True
             self.kernel.body.writeline(f"if ({var} < 0 || {var} >= {size_str}) {{ mi_err[0] = 1; {var} = 0; }}")

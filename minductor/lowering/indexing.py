@@ -49,10 +49,22 @@ def _pointwise(x: TensorBox, size: Sequence[Expr], inner_fn: Any, origin: str, *
                                       origins=origins_of(x, *inputs) | {origin}))
 
 
+INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def check_index_dtype(op: str, *indices: Any) -> None:
+    """Index tensors must be int64/int32; any other dtype goes to aten, which raises eager's
+    own error for it (the same type and message)."""
+    for i in indices:
+        if is_tensor(i) and i.get_dtype() not in INDEX_DTYPES:
+            raise Unsupported(f"{op} with a {i.get_dtype()} index tensor (aten raises eager's error)")
+
+
 @register_lowering(aten.index.Tensor)
 def index(x: TensorBox, indices: Sequence[Any]) -> TensorBox:
     if any(is_tensor(i) and i.get_dtype() in (torch.bool, torch.uint8) for i in indices):
         raise Unsupported("boolean-mask indexing (data-dependent shape)")
+    check_index_dtype("index", *indices)
     size = x.get_size()
     ndim = len(size)
     indexed = [d for d, i in enumerate(indices) if i is not None]
@@ -84,6 +96,7 @@ def index(x: TensorBox, indices: Sequence[Any]) -> TensorBox:
 
 @register_lowering(aten.gather)
 def gather(x: TensorBox, dim: int, index: TensorBox, sparse_grad: bool = False) -> TensorBox:
+    check_index_dtype("gather", index)
     size = x.get_size()
     if len(size) == 0:
         raise Unsupported("gather from a 0-d tensor")
@@ -100,6 +113,7 @@ def gather(x: TensorBox, dim: int, index: TensorBox, sparse_grad: bool = False) 
 
 @register_lowering(aten.index_select)
 def index_select(x: TensorBox, dim: int, index: TensorBox) -> TensorBox:
+    check_index_dtype("index_select", index)
     size = list(x.get_size())
     if len(index.get_size()) > 1:
         raise Unsupported("index_select with a multi-dim index (eager raises)")
@@ -121,6 +135,7 @@ def index_select(x: TensorBox, dim: int, index: TensorBox) -> TensorBox:
 @register_lowering(aten.embedding)
 def embedding(weight: TensorBox, indices: TensorBox, padding_idx: int = -1, scale_grad_by_freq: bool = False,
               sparse: bool = False) -> TensorBox:
+    check_index_dtype("embedding", indices)
     if len(weight.get_size()) != 2:
         raise Unsupported("embedding with a non-2-d weight")
     rows, dim = weight.get_size()

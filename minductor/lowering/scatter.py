@@ -18,6 +18,7 @@ from minductor.ir.nodes import Buffer, ComputedBuffer, Pointwise, StorageBox, Te
 from minductor.ir.ops import ops
 from minductor.ir.views import realize_input
 from minductor.lowering.constructors import full_like
+from minductor.lowering.indexing import check_index_dtype
 from minductor.lowering.pointwise import clone
 from minductor.lowering.registry import (
     Unsupported,
@@ -70,6 +71,7 @@ def index_put(x: TensorBox, indices: Sequence[Any], values: Any, accumulate: boo
         raise Unsupported("index_put with a boolean mask (data-dependent shape)")
     if not all(i is None or is_tensor(i) for i in indices):
         raise Unsupported("index_put with non-tensor indices")
+    check_index_dtype("index_put", *indices)
     size = x.get_size()
     ndim = len(size)
     indexed = [d for d, i in enumerate(indices) if i is not None]
@@ -115,6 +117,7 @@ def _scatter(x: TensorBox, dim: int, index: TensorBox, src: Any, mode: str | Non
 
 def _scatter_into(buf: Buffer, dim: int, index: TensorBox, src: Any, mode: str | None, origin: str) -> None:
     """A mutation node storing ``src`` (combined by ``mode``) into ``buf`` at ``index`` along ``dim``."""
+    check_index_dtype(origin, index)
     size = buf.get_size()
     dim = _dim(dim, len(size))
     index_load = index.make_loader()
@@ -199,6 +202,7 @@ def _identity(reduce: str, dtype: torch.dtype) -> Any:
 
 def _index_along(x: TensorBox, dim: int, index: TensorBox, source: Any, ranges: Sequence[Expr], mode: str | None, origin: str,
                  scale: Any = None) -> TensorBox:
+    check_index_dtype(origin, index)
     size = x.get_size()
     dim = _dim(dim, max(len(size), 1))
     if len(size) == 0 or len(index.get_size()) != 1:
