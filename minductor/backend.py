@@ -38,6 +38,20 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     return table
 
 
+@functools.cache
+def scan_decomposition_table() -> dict[Any, Callable[..., Any]]:
+    """For graphs holding scan: detach stays whole (its decomposition into alias makes
+    the scan body look like it aliases its inputs, which functionalization rejects)."""
+    table = dict(decomposition_table())
+    table.pop(aten.detach.default, None)
+    return table
+
+
+def _has_scan(gm: torch.fx.GraphModule) -> bool:
+    return any(n.op == "call_function" and n.target is torch.ops.higher_order.scan for n in gm.graph.nodes) or any(
+        isinstance(m, torch.fx.GraphModule) and _has_scan(m) for m in gm.children())
+
+
 def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
     def compile_fn(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         from minductor.graph import compile_graph
@@ -66,7 +80,7 @@ def minductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs:
         fw_compiler=_compiler("forward"),
         bw_compiler=_compiler("backward"),
         inference_compiler=_compiler("inference"),
-        decompositions=decomposition_table(),
+        decompositions=scan_decomposition_table() if _has_scan(gm) else decomposition_table(),
         partition_fn=min_cut_rematerialization_partition,
         keep_inference_input_mutations=True,  # copy_ into inputs is lowered in the graph
     )(gm, example_inputs)

@@ -86,7 +86,10 @@ class XlaComputation:
         self.source = source
         self.x64 = x64
         scope = dict(namespace)
-        exec(compile(source, f"<minductor xla {name}>", "exec"), scope)  # noqa: S102 - our generated code
+        try:
+            exec(compile(source, f"<minductor xla {name}>", "exec"), scope)  # noqa: S102 - our generated code
+        except SyntaxError as e:
+            raise AssertionError(f"generated JAX source does not parse: {e}\n{source}") from e
         self.fn: Callable[..., Any] = scope[name]
         self.jitted = jax.jit(self.fn)
 

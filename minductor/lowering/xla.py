@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from minductor import metrics
+from minductor.ir.layout import FixedLayout, contiguous_strides
 from minductor.ir.nodes import FallbackKernel, IRNode, MultiOutput, TensorBox
 from minductor.lowering.extern import _realize_args, layout_of
 from minductor.lowering.registry import Unsupported, register_lowering
@@ -55,12 +56,7 @@ def xla_kernel(computation: Any, inputs: Sequence[TensorBox], outputs: Sequence[
     metrics.kernels_by_backend["xla"] += 1
     metrics.generated_kernel_count += 1
     _dump(graph, name, computation, inputs)
-    results = []
-    for i, val in enumerate(outputs):
-        out = MultiOutput(name="", layout=layout_of(val), parent=node, indices=(i,))
-        graph.register_buffer(out)
-        results.append(TensorBox.create(out))
-    return results
+    return _outputs(node, outputs)
 
 
 def _dump(graph: Any, name: str, computation: Any, inputs: Sequence[TensorBox]) -> None:
@@ -92,4 +88,64 @@ def einsum(equation: str, operands: Sequence[TensorBox]) -> TensorBox:
     return xla_kernel(computation, operands, [val])[0]
 
 
-__all__ = ["XlaKernel", "einsum", "xla_kernel"]
+# -- scan ---------------------------------------------------------------------------------
+
+
+@register_lowering(torch.ops.higher_order.scan)
+def scan(combine: torch.fx.GraphModule, init: Sequence[TensorBox], xs: Sequence[TensorBox],
+         additional: Sequence[Any]) -> list[TensorBox]:
+    from minductor.codegen.xla_scan import UnsupportedScan, scan_computation
+
+    val = V.graph.current_node.meta["val"]
+    inputs = [*init, *xs, *additional]
+    try:
+        if not all(isinstance(x, IRNode) for x in inputs):
+            raise UnsupportedScan("a non-tensor scan input")
+        _require_jax()
+        _check_dtypes("scan", [*inputs, *val])
+        computation = scan_computation(combine, len(init), len(xs), len(additional),
+                                       [x.get_dtype() for x in inputs])
+    except (UnsupportedScan, Unsupported) as e:
+        log.warning("minductor: scan runs through aten (not XLA): %s", e)
+        return _scan_fallback(combine, init, xs, additional, val)
+    return xla_kernel(computation, inputs, list(val))
+
+
+def _scan_fallback(combine: torch.fx.GraphModule, init: Sequence[Any], xs: Sequence[Any], additional: Sequence[Any],
+                   val: Sequence[torch.Tensor]) -> list[TensorBox]:
+    """Run the scan op eagerly (its own loop) on the subgraph, called from the wrapper."""
+    graph = V.graph
+    metrics.fallback_ops["higher_order.scan"] += 1
+    run = _EagerScan(combine)
+    name = graph.register_callable(run, "scan_aten")
+    node = XlaKernel(name="", layout=None, op=run, args=_realize_args([list(init), list(xs), list(additional)]),  # type: ignore[arg-type]
+                     kwargs={})
+    graph.register_buffer(node)
+    del name
+    return _outputs(node, val)
+
+
+class _EagerScan:
+    def __init__(self, combine: torch.fx.GraphModule) -> None:
+        self.combine = combine
+
+    def __call__(self, init: list[torch.Tensor], xs: list[torch.Tensor], additional: list[torch.Tensor]) -> Any:
+        return torch.ops.higher_order.scan(self.combine, init, xs, tuple(additional))
+
+
+def _outputs(node: XlaKernel, outputs: Sequence[torch.Tensor]) -> list[TensorBox]:
+    results = []
+    for i, val in enumerate(outputs):
+        out = MultiOutput(name="", layout=_contiguous_layout(val), parent=node, indices=(i,))
+        V.graph.register_buffer(out)
+        results.append(TensorBox.create(out))
+    return results
+
+
+def _contiguous_layout(val: torch.Tensor) -> FixedLayout:
+    """JAX hands back row-major buffers, whatever strides the fake value had."""
+    layout = layout_of(val)
+    return FixedLayout(layout.device, layout.dtype, layout.size, tuple(contiguous_strides(layout.size)))
+
+
+__all__ = ["XlaKernel", "einsum", "scan", "xla_kernel"]
