@@ -7,6 +7,7 @@ forward/backward (or inference) graphs; each goes through ``compile_graph``.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -67,10 +68,10 @@ def _rewrite_before_aot(gm: torch.fx.GraphModule) -> None:
     from minductor.codegen.xla_einsum import rewrite_einsum
 
     rewrite_einsum(gm)
-    if config.scan_rnn:
+    if config.scan_rnn or "minductor.nn" in sys.modules:  # minductor.nn.GRU records torch._VF.gru
         from minductor.nn import rewrite_gru
 
-        rewrite_gru(gm)
+        rewrite_gru(gm, all_grus=config.scan_rnn)
 
 
 def minductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:

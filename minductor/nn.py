@@ -54,8 +54,14 @@ class GRU(torch.nn.GRU):
             batch = input.shape[0 if self.batch_first else 1]
             hx = torch.zeros(self.num_layers * (2 if self.bidirectional else 1), batch, self.hidden_size,
                              dtype=input.dtype, device=input.device)
-        out, h_n = gru_scan(input, hx, list(self._flat_weights), self.bias, self.num_layers, self.bidirectional,
-                            self.batch_first, _minductor_scan)
+        if torch.compiler.is_compiling():
+            # Dynamo records one opaque call (tracing scans through Dynamo costs seconds per
+            # scan); minductor's backend turns it into scans before AOTAutograd (``rewrite_gru``)
+            out, h_n = minductor_gru(input, hx, list(self._flat_weights), self.bias, self.num_layers, 0.0, False,
+                                     self.bidirectional, self.batch_first)
+        else:
+            out, h_n = gru_scan(input, hx, list(self._flat_weights), self.bias, self.num_layers, self.bidirectional,
+                                self.batch_first, _minductor_scan)
         if unbatched:
             out, h_n = out.squeeze(0 if self.batch_first else 1), h_n.squeeze(1)
         return out, h_n
@@ -148,13 +154,23 @@ def _gru_input(input: torch.Tensor, hx: torch.Tensor, params: Sequence[torch.Ten
     return gru_scan(input, hx, params, has_biases, num_layers, bidirectional, batch_first, _hop_scan)
 
 
-def rewrite_gru(gm: torch.fx.GraphModule) -> int:
-    """Replace ``torch._VF.gru`` / ``aten.gru.input`` calls in Dynamo's graph by the scan GRU."""
-    targets = {torch._VF.gru, torch.gru, torch.ops.aten.gru.input}
+@torch._dynamo.allow_in_graph
+def minductor_gru(input: torch.Tensor, hx: torch.Tensor, params: list[torch.Tensor], has_biases: bool,
+                  num_layers: int, dropout: float, train: bool, bidirectional: bool,
+                  batch_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``minductor.nn.GRU`` in Dynamo's graph: ``aten.gru`` semantics, always rewritten to scans
+    by minductor's backend (other backends run it as ``torch._VF.gru``)."""
+    return torch._VF.gru(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+
+
+def rewrite_gru(gm: torch.fx.GraphModule, *, all_grus: bool = True) -> int:
+    """Replace ``torch._VF.gru`` / ``aten.gru.input`` calls in Dynamo's graph by the scan GRU:
+    every call with ``all_grus`` (``config.scan_rnn``), else those of ``minductor.nn.GRU``."""
+    targets = {torch._VF.gru, torch.gru, torch.ops.aten.gru.input} if all_grus else set()
     count = 0
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in targets and len(node.args) + len(node.kwargs) == 9 \
-                and not node.kwargs:
+        if node.op == "call_function" and (node.target in targets or node.target is minductor_gru) \
+                and len(node.args) == 9 and not node.kwargs:
             node.target = _gru_input
             count += 1
     if count:
