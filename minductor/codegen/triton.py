@@ -348,7 +348,7 @@ class TritonKernel:
         src.writeline("import triton.language as tl")
         src.writeline("from minductor.runtime.triton_helpers import libdevice  # noqa: F401")
         src.writeline("from minductor.runtime.triton_helpers import (  # noqa: F401")
-        src.writeline("    argmax_combine, argmin_combine, first_index_of, floordiv_int, max_nan, maximum, min_nan, minimum,")
+        src.writeline("    argmax_combine, argmin_combine, first_index_of, floordiv_float, floordiv_int, max_nan, maximum, min_nan, minimum,")
         src.writeline("    mod_int, prod, round_bf16, welford,")
         src.writeline(")")
         src.writeline("")

@@ -48,7 +48,12 @@ def triton_constant(value: bool | float, dtype: torch.dtype) -> str:
         if math.isnan(value) or math.isinf(value):
             return f'float("{value}")'
         return repr(value)
-    return str(int(value))
+    # wrap out-of-range integers as eager's cast does (1000 as int8 is -24)
+    bits = torch.iinfo(dtype).bits
+    value = int(value) % (1 << bits)
+    if dtype != torch.uint8 and value >= 1 << (bits - 1):
+        value -= 1 << bits
+    return str(value)
 
 
 def _dims(*values: Any) -> frozenset[str]:
@@ -218,7 +223,7 @@ class TritonOps:
 
     def floordiv(self, a: TV, b: TV) -> TV:
         if a.dtype.is_floating_point:
-            return self._same(a, f"tl.floor({a} / {b})", b)
+            return self._same(a, f"floordiv_float({a}, {b})", b)
         return self._same(a, f"floordiv_int({a}, {b})", b)
 
     def truncdiv(self, a: TV, b: TV) -> TV:

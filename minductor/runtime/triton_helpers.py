@@ -21,6 +21,55 @@ from triton import knobs
 INTERPRET: bool = bool(knobs.runtime.interpret)
 
 
+# -- libdevice --------------------------------------------------------------------------------
+
+_NUMPY_MATH = {
+    "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh,
+    "cosh": np.cosh, "tanh": np.tanh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
+    "expm1": np.expm1, "log1p": np.log1p, "log10": np.log10, "trunc": np.trunc, "nearbyint": np.rint,
+    "atan2": np.arctan2, "hypot": np.hypot, "copysign": np.copysign, "nextafter": np.nextafter,
+    "fmod": np.fmod, "pow": np.power, "signbit": np.signbit, "erfc": None, "erfinv": None, "lgamma": None,
+}
+
+
+def _scalar_fn(name: str) -> Any:
+    import torch  # erfinv/erfc/lgamma: NumPy lacks them; torch computes them on the host array
+
+    fn = {"erfc": torch.special.erfc, "erfinv": torch.special.erfinv, "lgamma": torch.lgamma}[name]
+    return lambda x: fn(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+
+
+class _InterpreterLibdevice(types.ModuleType):
+    """``libdevice.<fn>(...)`` for interpreted kernels: the same function on the host arrays."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _NUMPY_MATH:
+            raise AttributeError(f"libdevice.{name} has no interpreter stand-in")
+        fn = _NUMPY_MATH[name] or _scalar_fn(name)
+
+        def call(*args: Any, _semantic: Any = None) -> Any:
+            from triton.runtime.interpreter import TensorHandle
+
+            arrays = [a.handle.data for a in args]
+            out = np.asarray(fn(*arrays))
+            dtype = tl.int1 if name == "signbit" else args[0].dtype
+            out = out.astype(arrays[0].dtype if name != "signbit" else np.bool_)
+            shape = list(np.broadcast_shapes(*(a.shape for a in arrays)))
+            block_shape = [s for a in args if a.type.is_block() for s in [a.shape]]
+            ty = tl.block_type(dtype, shape) if block_shape else dtype
+            return tl.tensor(TensorHandle(out.reshape(shape) if shape else out, dtype), ty)
+
+        return call
+
+
+if INTERPRET:
+    libdevice: Any = _InterpreterLibdevice("libdevice")
+else:
+    from triton.language.extra import libdevice
+
+
+
+
 @triton.jit
 def maximum(a, b):
     """torch.maximum for floats: NaN wins."""
@@ -110,6 +159,18 @@ def round_bf16(x):
 
 
 @triton.jit
+def floordiv_float(a, b):
+    """eager's float floor division: from fmod, so ``inf // 2`` is NaN and zeros keep their sign."""
+    mod = libdevice.fmod(a, b)
+    div = (a - mod) / b
+    div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
+    fl = tl.floor(div)
+    fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
+    res = tl.where(div == 0, libdevice.copysign(tl.zeros_like(div), a / b), fl)
+    return tl.where(b == 0, a / b, res)
+
+
+@triton.jit
 def floordiv_int(a, b):
     """Python's floor division for integers (``//`` in Triton truncates)."""
     q = a // b
@@ -123,51 +184,5 @@ def mod_int(a, b):
     r = a % b
     return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
 
-
-# -- libdevice --------------------------------------------------------------------------------
-
-_NUMPY_MATH = {
-    "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh,
-    "cosh": np.cosh, "tanh": np.tanh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
-    "expm1": np.expm1, "log1p": np.log1p, "log10": np.log10, "trunc": np.trunc, "nearbyint": np.rint,
-    "atan2": np.arctan2, "hypot": np.hypot, "copysign": np.copysign, "nextafter": np.nextafter,
-    "fmod": np.fmod, "pow": np.power, "signbit": np.signbit, "erfc": None, "erfinv": None, "lgamma": None,
-}
-
-
-def _scalar_fn(name: str) -> Any:
-    import torch  # erfinv/erfc/lgamma: NumPy lacks them; torch computes them on the host array
-
-    fn = {"erfc": torch.special.erfc, "erfinv": torch.special.erfinv, "lgamma": torch.lgamma}[name]
-    return lambda x: fn(torch.from_numpy(np.ascontiguousarray(x))).numpy()
-
-
-class _InterpreterLibdevice(types.ModuleType):
-    """``libdevice.<fn>(...)`` for interpreted kernels: the same function on the host arrays."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name not in _NUMPY_MATH:
-            raise AttributeError(f"libdevice.{name} has no interpreter stand-in")
-        fn = _NUMPY_MATH[name] or _scalar_fn(name)
-
-        def call(*args: Any, _semantic: Any = None) -> Any:
-            from triton.runtime.interpreter import TensorHandle
-
-            arrays = [a.handle.data for a in args]
-            out = np.asarray(fn(*arrays))
-            dtype = tl.int1 if name == "signbit" else args[0].dtype
-            out = out.astype(arrays[0].dtype if name != "signbit" else np.bool_)
-            shape = list(np.broadcast_shapes(*(a.shape for a in arrays)))
-            block_shape = [s for a in args if a.type.is_block() for s in [a.shape]]
-            ty = tl.block_type(dtype, shape) if block_shape else dtype
-            return tl.tensor(TensorHandle(out.reshape(shape) if shape else out, dtype), ty)
-
-        return call
-
-
-if INTERPRET:
-    libdevice: Any = _InterpreterLibdevice("libdevice")
-else:
-    from triton.language.extra import libdevice
 
 __all__ = ["INTERPRET", "libdevice", "math"]
