@@ -40,11 +40,15 @@ cache_dir: str = os.environ.get("MINDUCTOR_CACHE_DIR") or _default_cache_dir()
 cxx: str = os.environ.get("MINDUCTOR_CXX") or "g++"
 # How many kernels compile at once.
 compile_threads: int = _env_int("MINDUCTOR_COMPILE_THREADS", min(os.cpu_count() or 1, 8))
-# Code generator for CPU tensors: "cpp" (Triton and XLA backends are not written yet).
+# Code generator for CPU tensors: "cpp", or "triton" (Triton kernels run in Triton's interpreter:
+# set TRITON_INTERPRET=1 in the environment before the first kernel loads). CUDA tensors use Triton.
 cpu_backend: str = "cpp"
 # Compiled graphs that call a GRU (torch.nn.GRU / aten.gru) run it as one scan per layer and
 # direction on the XLA path instead of unrolling the recurrence into the graph.
 scan_rnn: bool = _env_bool("MINDUCTOR_SCAN_RNN")
+# With Triton kernels (CUDA tensors, or cpu_backend "triton"): generate mm/addmm as a Triton
+# matmul template with the following pointwise group fused in, where shapes and dtypes allow.
+triton_mm_template: bool = True
 # Run random ops (rand, dropout) through aten so results match eager bit for bit.
 fallback_random: bool = False
 # Check indirect indices (gather, index, scatter...) in generated code and raise IndexError like

@@ -98,6 +98,9 @@ def test_tiled_transpose_add() -> None:
     y = torch.randn(130, 70)
     check(lambda x, y: x + y.t(), x, y)
     check(lambda x, y: (x.t() * 2 + y).contiguous(), x, y)
+    (src,) = sources(lambda x, y: x + y.t(), x, y)
+    # one program covers a 2-D tile: rows on the x axis, columns on the second block axis
+    assert "triton_poi_fused_" in src and "tl.arange(0, RBLOCK0)[None, :]" in src, src
 
 
 def test_gather_and_scatter_add() -> None:
@@ -150,3 +153,40 @@ def test_debug_dump_writes_kernel_files(tmp_path: Any) -> None:
     dumped = list(tmp_path.rglob("triton_*_fused_*.py"))
     assert dumped, list(tmp_path.rglob("*"))
     assert "@triton.jit" in dumped[0].read_text()
+
+
+@pytest.mark.parametrize("epilogue", ["none", "bias_relu_residual", "scale_sigmoid", "cast"])
+def test_matmul_template_with_epilogue(epilogue: str) -> None:
+    a, b = torch.randn(37, 50), torch.randn(50, 70)
+    bias, res = torch.randn(70), torch.randn(37, 70)
+    fns = {
+        "none": lambda a, b, bias, res: a @ b,
+        "bias_relu_residual": lambda a, b, bias, res: torch.relu(torch.addmm(bias, a, b)) + res,
+        "scale_sigmoid": lambda a, b, bias, res: (torch.mm(a, b.t().contiguous().t()) * 2).sigmoid() - res,
+        "cast": lambda a, b, bias, res: (a @ b).to(torch.float16),
+    }
+    check(fns[epilogue], a, b, bias, res, rtol=1e-4, atol=1e-4)
+    srcs = [s for s in sources(fns[epilogue], a, b, bias, res) if "tl.dot(" in s]
+    assert len(srcs) == 1 and "def triton_tem_fused_" in srcs[0]
+    if epilogue != "none":  # the epilogue reads the accumulator: one store, of the final value
+        assert srcs[0].count("tl.store(") == 1, srcs[0]
+    assert not metrics.fallback_ops
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_matmul_template_half(dtype: torch.dtype) -> None:
+    a, b = torch.randn(20, 40, dtype=dtype), torch.randn(40, 24, dtype=dtype)
+    check(lambda a, b: (a @ b).float().tanh(), a, b, rtol=2e-2, atol=2e-2)
+    templates = [s for s in sources(lambda a, b: (a @ b).float().tanh(), a, b) if "tl.dot(" in s]
+    # bf16 stays an extern mm: the interpreter's tl.dot reads bf16 blocks as raw bits
+    assert len(templates) == (1 if dtype == torch.float16 else 0)
+
+
+def test_matmul_result_read_twice_is_stored() -> None:
+    a, b = torch.randn(16, 24), torch.randn(24, 16)
+    check(lambda a, b: ((a @ b).relu(), (a @ b).sum(0), a.t() @ a), a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_bmm_stays_extern() -> None:
+    x, y = torch.randn(3, 8, 5), torch.randn(3, 5, 6)
+    check(lambda x, y: torch.bmm(x, y).relu(), x, y, rtol=1e-5, atol=1e-5)

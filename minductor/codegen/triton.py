@@ -25,7 +25,8 @@ from minductor.codegen.common import CodeBuffer, KernelArgs, KernelCode, py_inde
 from minductor.codegen.cpp import Loop, _joins
 from minductor.codegen.triton_heuristics import BlockConfig, pick_config
 from minductor.codegen.triton_ops import TRITON_TYPES, TV, TritonOps, compute_dtype, triton_constant
-from minductor.ir.indexing import FloorDiv, ModularIndexing, index_symbol, make_vars, simplify_index
+from minductor.ir.indexing import FloorDiv, ModularIndexing, affine_coeffs, index_symbol, make_vars, simplify_index
+from minductor.scheduler.deps import MemoryDep
 from minductor.scheduler.nodes import FusedGroup
 from minductor.virtualized import V
 
@@ -168,14 +169,22 @@ class TritonKernel:
             parts.append("xmask")
         if "r" in dims:
             parts.append("rmask")
+        scalars = []
         for m in self.mask_stack:
+            if not m.dims:
+                scalars.append(m)
+                continue
             parts.append(m)
             dims = dims | m.dims
             if "x" in m.dims and "xmask" not in parts:
                 parts.insert(0, "xmask")
             if "r" in m.dims and "rmask" not in parts:
                 parts.insert(1 if "xmask" in parts else 0, "rmask")
-        return (" & ".join(parts) if parts else None), dims
+        mask = " & ".join(parts) if parts else None
+        for m in scalars:
+            # a scalar condition selects the block mask (``&`` with a 0-d bool trips the interpreter)
+            mask = f"tl.where({m}, {mask}, False)" if mask else m
+        return mask, dims
 
     def pointer(self, arg: str, index: str, index_dims: frozenset[str], dims: frozenset[str]) -> str:
         """``arg + index``, broadcast to the block shape of ``dims`` when the index is narrower."""
@@ -254,8 +263,29 @@ class TritonKernel:
 
     # -- structure -----------------------------------------------------------------------
 
+    def _transposed(self) -> bool:
+        """Whether this is one pointwise loop over 2+ outer dims where some buffer is contiguous along
+        the second-innermost dim and another along the innermost (a transpose): then the last dim
+        becomes the block's second axis and each program covers a 2-D tile, coalesced for both."""
+        outer = self.group.outer
+        if len(outer) < 2 or self.group.has_reduction() or any(len(n.pw_ranges) != len(outer) for n in self.group.nodes):
+            return False
+        if any(not s.is_Integer or int(s) < 16 for s in outer[-2:]):
+            return False
+        inner, second = make_vars("x", len(outer))[-1], make_vars("x", len(outer))[-2]
+        found_inner = found_second = False
+        for node in self.group.nodes:
+            for dep in node.read_writes.reads | node.read_writes.writes:
+                if not isinstance(dep, MemoryDep):
+                    continue
+                coeffs = affine_coeffs(dep.index, [inner, second])
+                if coeffs is not None:
+                    found_inner |= coeffs[inner] == 1
+                    found_second |= coeffs[second] == 1
+        return found_inner and found_second
+
     def split_loops(self) -> list[Loop]:
-        n_outer = len(self.group.outer)
+        n_outer = self.n_outer
         loops: list[Loop] = []
         for node in self.group.nodes:
             pw_inner, red = node.pw_ranges[n_outer:], node.red_ranges
@@ -269,12 +299,15 @@ class TritonKernel:
         group = self.group
         reads = set().union(*(n.read_writes.read_names() for n in group.nodes))
         self.args.declare_inplace({n.node.mutates for n in group.nodes if n.node.mutates} & reads)
+        tiled = self._transposed()
+        self.n_outer = len(group.outer) - 1 if tiled else len(group.outer)
         loops = self.split_loops()
         self.two_d = any(lp.pw_inner or lp.red or any(n.is_reduction() for n in lp.nodes) for lp in loops)
-        outer = list(group.outer)
+        outer = list(group.outer)[: self.n_outer]
         xnumel = _numel(outer)
         inner_numels = [_numel(lp.pw_inner + lp.red) for lp in loops]
-        config = pick_config(xnumel, inner_numels, self.two_d, [any(n.is_reduction() for n in lp.nodes) for lp in loops])
+        reductions = [any(n.is_reduction() for n in lp.nodes) for lp in loops]
+        config = pick_config(xnumel, inner_numels, self.two_d, reductions, tiled)
         self.config = config
         body = CodeBuffer()
         body._indent = 1
@@ -292,7 +325,7 @@ class TritonKernel:
         return self.render(body, xnumel, xvars, outer, config, loops)
 
     def emit_loop(self, code: CodeBuffer, loop: Loop, i: int, rnumel: Expr, config: BlockConfig) -> None:
-        n_outer = len(self.group.outer)
+        n_outer = self.n_outer
         pw_vars = make_vars("x", len(loop.pw_inner), start=n_outer)
         red_vars = make_vars("r", len(loop.red))
         inner_vars, inner_sizes = pw_vars + red_vars, loop.pw_inner + loop.red
@@ -344,15 +377,8 @@ class TritonKernel:
         blocks = [f"RBLOCK{i}" for i in range(len(loops)) if config.rblocks[i] is not None]
         params += [f"{b}: tl.constexpr" for b in ["XBLOCK", *blocks]]
         src = CodeBuffer()
-        src.writeline("import triton")
-        src.writeline("import triton.language as tl")
-        src.writeline("from minductor.runtime.triton_helpers import libdevice  # noqa: F401")
-        src.writeline("from minductor.runtime.triton_helpers import (  # noqa: F401")
-        src.writeline("    argmax_combine, argmin_combine, first_index_of, floordiv_float, floordiv_int, max_nan, maximum, min_nan, minimum,")
-        src.writeline("    mod_int, prod, round_bf16, welford,")
-        src.writeline(")")
-        src.writeline("")
-        src.writeline("")
+        for line in self._imports():
+            src.writeline(line)
         src.writeline("@triton.jit")
         src.writeline(f"def {name}({', '.join(params)}):")
         src.writeline(f"    # Source nodes: {', '.join(self.group.names())}")
@@ -370,6 +396,19 @@ class TritonKernel:
         if not (xnumel.is_Integer and int(xnumel) > 0):
             call = f"if {py_index(xnumel)} > 0: {call}" if not xnumel.is_Integer else "pass  # empty kernel"
         return KernelCode(name, "triton", src.getvalue(), call, ".py")
+
+    def _imports(self) -> list[str]:
+        return [
+            "import triton",
+            "import triton.language as tl",
+            "from minductor.runtime.triton_helpers import libdevice  # noqa: F401",
+            "from minductor.runtime.triton_helpers import (  # noqa: F401",
+            "    argmax_combine, argmin_combine, first_index_of, floordiv_float, floordiv_int, max_nan, maximum, min_nan,",
+            "    minimum, mod_int, prod, round_bf16, welford,",
+            ")",
+            "",
+            "",
+        ]
 
     def kernel_name(self, config: BlockConfig) -> str:
         origins: set[str] = set()

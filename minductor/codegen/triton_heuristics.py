@@ -17,6 +17,7 @@ PERSISTENT_RNUMEL = 1024
 LOOPED_RBLOCK = 512
 BLOCK_ELEMENTS = 4096
 POINTWISE_XBLOCK = 1024
+TILE = 64
 
 
 @dataclasses.dataclass
@@ -32,8 +33,15 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def pick_config(xnumel: sympy.Expr, inner_numels: list[sympy.Expr], two_d: bool, reductions: list[bool]) -> BlockConfig:
+def pick_config(xnumel: sympy.Expr, inner_numels: list[sympy.Expr], two_d: bool, reductions: list[bool],
+                tiled: bool = False) -> BlockConfig:
+    """``tiled``: a transposing pointwise kernel, covered by ``TILE x TILE`` blocks."""
     hint = V.graph.sizevars.hint
+    if tiled:
+        rn = int(hint(inner_numels[0]))
+        rblock = min(TILE, next_power_of_2(rn))
+        xblock = min(TILE, next_power_of_2(int(hint(xnumel))))
+        return BlockConfig(xblock, [rblock], [rn > rblock], 4, int(hint(xnumel)) * rn >= 2**31)
     xn = max(1, int(hint(xnumel)))
     rblocks: list[int | None] = []
     looped: list[bool] = []

@@ -118,11 +118,24 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
             body.writeline(f"assert_size_stride({name}, {size}, {stride}, {name!r})")
     outputs = scheduler.output_names()
     slots = PoolSlots()
-    plans = plan_memory(graph, scheduler.units, scheduler.last_use, outputs, slots)
-    for unit, plan in zip(scheduler.units, plans):
+    templates = _plan_templates(scheduler.units, outputs)
+    last_use = dict(scheduler.last_use)
+    for i, t in templates.items():
+        if t.epilogue is not None:  # the matmul runs at its epilogue: its inputs live until then
+            for name in t.input_names():
+                last_use[name] = max(last_use.get(name, i), i)
+    plans = plan_memory(graph, scheduler.units, last_use, outputs, slots)
+    for i, (unit, plan) in enumerate(zip(scheduler.units, plans)):
         for line in plan.allocs:
             body.writeline(line)
-        if isinstance(unit, FusedGroup):
+        if i in templates:
+            if templates[i].store_mm or templates[i].epilogue is not None:
+                from minductor.codegen.triton_template import codegen_template
+
+                kernel = codegen_template(templates[i], len(kernels))
+                kernels.append(kernel)
+                body.writeline(kernel.call)
+        elif isinstance(unit, FusedGroup):
             kernel = codegen_kernel(unit, len(kernels))
             kernels.append(kernel)
             body.writeline(kernel.call)
@@ -135,6 +148,15 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
     constants = dict(graph.constants) | dict(graph.callables)
     source = _render_module(body, kernels, sorted(constants), slots.count) + _render_standalone(graph)
     return WrapperModule(source, kernels, constants)
+
+
+def _plan_templates(units: list[Any], outputs: set[str]) -> dict[int, Any]:
+    """Extern mm/addmm calls generated as Triton matmul templates instead (Triton backends only)."""
+    if not config.triton_mm_template or not any(isinstance(u, ExternSchedulerNode) for u in units):
+        return {}
+    from minductor.codegen.triton_template import plan_templates
+
+    return plan_templates(units, outputs)
 
 
 def _render_standalone(graph: Any) -> str:
