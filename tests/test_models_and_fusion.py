@@ -6,8 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minductor import metrics
+from minductor import config, metrics
 from minductor.bench.workloads import Block
+
+# every test runs with the C++ and the Triton (interpreter) code generator
+pytestmark = pytest.mark.usefixtures("cpu_backend")
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +54,7 @@ def test_models_match_eager(model: nn.Module, shape: tuple[int, ...]) -> None:
 def one_graph_kernels(fn, *args) -> int:
     torch.testing.assert_close(torch.compile(fn, backend="minductor")(*args), fn(*args), rtol=1e-5, atol=1e-5)
     assert metrics.graphs_compiled == 1
-    return metrics.kernels_by_backend["cpp"]
+    return metrics.kernels_by_backend[config.cpu_backend]
 
 
 def test_six_op_pointwise_chain_is_one_kernel() -> None:

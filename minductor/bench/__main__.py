@@ -2,6 +2,7 @@
 
     python -m minductor.bench --suite reductions [--no-inductor] [--json out.json] [--write-results]
     python -m minductor.bench --dump ./minductor_debug      # time each kernel of a debug dump
+    python -m minductor.bench --suite all --device cuda     # on a GPU: Triton kernels, timed with do_bench
 """
 from __future__ import annotations
 
@@ -19,8 +20,13 @@ from minductor.bench.runner import WorkloadReport, measure_bandwidth, median_tim
 from minductor.bench.workloads import SUITES, make_workloads
 
 
-def run_suite(names: list[str], size: int, with_inductor: bool, min_run_time: float) -> tuple[float, list[WorkloadReport]]:
-    bandwidth = measure_bandwidth()
+def _to(value: Any, device: str) -> Any:
+    return torch.utils._pytree.tree_map(lambda v: v.to(device) if isinstance(v, (torch.Tensor, torch.nn.Module)) else v, value)
+
+
+def run_suite(names: list[str], size: int, with_inductor: bool, min_run_time: float,
+              device: str = "cpu") -> tuple[float, list[WorkloadReport]]:
+    bandwidth = measure_bandwidth(device=device)
     print(f"machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
           f"out= add streams at {bandwidth:.1f} GB/s", flush=True)
     workloads = make_workloads(size)
@@ -29,7 +35,7 @@ def run_suite(names: list[str], size: int, with_inductor: bool, min_run_time: fl
         print(f"[{i}/{len(names)}] {name} ...", file=sys.stderr, flush=True)
         fn, make_args = workloads[name]
         with torch.no_grad():
-            report = run_workload(name, fn, make_args(), with_inductor=with_inductor, bandwidth=bandwidth,
+            report = run_workload(name, _to(fn, device), _to(make_args(), device), with_inductor=with_inductor, bandwidth=bandwidth,
                                   min_run_time=min_run_time)
         print("\n".join(report.lines()), flush=True)
         reports.append(report)
@@ -71,6 +77,7 @@ def main() -> None:
     parser.add_argument("--min-run-time", type=float, default=0.5)
     parser.add_argument("--json", type=Path, help="write the results as JSON")
     parser.add_argument("--write-results", action="store_true", help="write benchmarks/RESULTS.md")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: the workloads on a GPU, compiled to Triton")
     parser.add_argument("--dump", type=Path, help="time the kernels of a MINDUCTOR_DEBUG dump directory")
     ns = parser.parse_args()
     if ns.dump:
@@ -78,7 +85,7 @@ def main() -> None:
         return
     size, names = SUITES[ns.suite or "all"]
     names = ns.names or names
-    bandwidth, reports = run_suite(names, size, not ns.no_inductor, ns.min_run_time)
+    bandwidth, reports = run_suite(names, size, not ns.no_inductor, ns.min_run_time, ns.device)
     print(table(reports))
     if ns.json:
         ns.json.write_text(json.dumps({"bandwidth_gbps": bandwidth, "torch": torch.__version__,

@@ -20,6 +20,7 @@ class KernelTiming:
     name: str
     seconds: float
     bytes_moved: int
+    note: str = ""  # why there is no timing (a Triton kernel on CPU runs in the interpreter)
 
     @property
     def gbps(self) -> float:
@@ -60,6 +61,9 @@ class WorkloadReport:
                + (f" | inductor {self.inductor * 1e3:.3f} ms ({self.inductor / self.minductor:.2f}x inductor)"
                   if self.inductor else "")]
         for k in self.kernels:
+            if k.note:
+                out.append(f"    {k.name}: {k.note}")
+                continue
             pct = 100 * k.gbps / self.bandwidth if self.bandwidth else 0.0
             out.append(f"    {k.name}: {k.seconds * 1e6:9.1f} us  {k.bytes_moved / 1e6:8.2f} MB  "
                        f"{k.gbps:6.1f} GB/s  {pct:5.1f}% of bandwidth")
@@ -76,9 +80,9 @@ def measure(fn: Callable[[], Any], min_run_time: float = 0.5) -> Any:
     return timer.blocked_autorange(min_run_time=min_run_time)
 
 
-def measure_bandwidth(numel: int = 1 << 25) -> float:
+def measure_bandwidth(numel: int = 1 << 25, device: str = "cpu") -> float:
     """Best streaming rate of an out= add (3 x numel x 4 bytes), in GB/s."""
-    a, b, c = torch.randn(numel), torch.randn(numel), torch.empty(numel)
+    a, b, c = (torch.randn(numel, device=device) for _ in range(3))
     seconds = median_time(lambda: torch.add(a, b, out=c))
     return 3 * numel * 4 / seconds / 1e9
 
@@ -115,6 +119,8 @@ def run_workload(name: str, fn: Callable[..., Any], args: Sequence[Any], *, with
 
 
 _CALL = re.compile(r"^\s*(cpp_\w+)\((.*)\)$")
+_TRITON_CALL = re.compile(r"^\s*(triton_\w+)\[.*\]\((.*)\)$")
+NEEDS_GPU = "timing needs a GPU (ran once in Triton's interpreter; result checked against eager)"
 
 
 @contextlib.contextmanager
@@ -156,6 +162,10 @@ def time_kernels(module: Any, args: Sequence[Any], min_run_time: float) -> list[
     for line in lines:
         if line.startswith("return"):
             break
+        triton_match = _TRITON_CALL.match(line)
+        if triton_match:
+            out.append(_time_triton(triton_match.group(1), line, namespace, local))
+            continue
         match = _CALL.match(line)
         if match:
             buffers = re.findall(r"c_void_p\((\w+)\.data_ptr\(\)\)", match.group(2))
@@ -165,6 +175,19 @@ def time_kernels(module: Any, args: Sequence[Any], min_run_time: float) -> list[
         else:
             exec(line, namespace, local)
     return out
+
+
+def _time_triton(name: str, line: str, namespace: dict[str, Any], local: dict[str, Any]) -> KernelTiming:
+    """A Triton launch: ``triton.testing.do_bench`` on a GPU; on CPU it runs once, untimed."""
+    tensors = [v for k, v in local.items() if isinstance(v, torch.Tensor) and re.search(rf"\b{k}\b", line)]
+    moved = sum(t.untyped_storage().nbytes() for t in tensors)
+    if not any(t.is_cuda for t in tensors):
+        exec(line, namespace, local)
+        return KernelTiming(name, float("nan"), moved, NEEDS_GPU)
+    from triton.testing import do_bench
+
+    ms = do_bench(lambda: exec(line, namespace, local))
+    return KernelTiming(name, ms / 1e3, moved)
 
 
 def compile_seconds(fn: Callable[..., Any], args: Sequence[Any], backend: str) -> float:

@@ -39,6 +39,12 @@ _ATOMICS = {"add": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_mi
 _ATOMIC_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int32, torch.int64}
 
 
+_SIGNATURE_TYPES = {
+    torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16", torch.bfloat16: "bf16",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1",
+}
+
+
 class TritonCodegenError(Exception):
     """The group holds something this backend does not generate; the graph runs through aten."""
 
@@ -395,7 +401,19 @@ class TritonKernel:
                     f"check_index_error(mi_err, {name!r})")
         if not (xnumel.is_Integer and int(xnumel) > 0):
             call = f"if {py_index(xnumel)} > 0: {call}" if not xnumel.is_Integer else "pass  # empty kernel"
-        return KernelCode(name, "triton", src.getvalue(), call, ".py")
+        consts = {"XBLOCK": config.xblock} | {f"RBLOCK{i}": b for i, b in enumerate(config.rblocks) if b is not None}
+        return self.kernel_code(name, src.getvalue(), call, size_args, consts)
+
+    def kernel_code(self, name: str, source: str, call: str, size_args: list[str], consts: dict[str, int]) -> KernelCode:
+        """The KernelCode, with ``triton_signature`` (argument types and constexprs) attached so the
+        kernel can also be compiled ahead of time for a GPU target (tests do, to check the source)."""
+        code = KernelCode(name, "triton", source, call, ".py")
+        signature = {arg: "*" + _SIGNATURE_TYPES[V.graph.get_dtype(buf)] for buf, arg, _ in self.args.call_order()}
+        signature |= {s: "i64" for s in size_args}
+        if self.uses_error_flag:
+            signature["mi_err"] = "*i64"
+        code.triton_signature = (signature | {k: "constexpr" for k in consts}, consts)  # type: ignore[attr-defined]
+        return code
 
     def _imports(self) -> list[str]:
         return [

@@ -202,7 +202,7 @@ class TritonTemplateKernel(TritonKernel):
         call = f"{name}[{grid}]({', '.join(args)})"
         if m == 0 or n == 0:
             call = "pass  # empty matmul"
-        return KernelCode(name, "triton", src.getvalue(), call, ".py")
+        return self.kernel_code(name, src.getvalue(), call, [], {"XBLOCK": bm, "RBLOCK0": bn, "KBLOCK": bk})
 
 
 def codegen_template(plan: TemplatePlan, index: int) -> KernelCode:
