@@ -165,7 +165,9 @@ def test_matmul_template_with_epilogue(epilogue: str) -> None:
         "scale_sigmoid": lambda a, b, bias, res: (torch.mm(a, b.t().contiguous().t()) * 2).sigmoid() - res,
         "cast": lambda a, b, bias, res: (a @ b).to(torch.float16),
     }
-    check(fns[epilogue], a, b, bias, res, rtol=1e-4, atol=1e-4)
+    # the fp16 cast may round a last-bit difference of the fp32 sum to the neighbouring fp16 value
+    tol = 2e-3 if epilogue == "cast" else 1e-4
+    check(fns[epilogue], a, b, bias, res, rtol=tol, atol=tol)
     srcs = [s for s in sources(fns[epilogue], a, b, bias, res) if "tl.dot(" in s]
     assert len(srcs) == 1 and "def triton_tem_fused_" in srcs[0]
     if epilogue != "none":  # the epilogue reads the accumulator: one store, of the final value
