@@ -29,11 +29,12 @@ def test_cli_tiny_suite_json_has_every_field(tmp_path) -> None:
                            "--min-run-time", "0.01", "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
-    assert data["bandwidth_gbps"] > 0 and len(data["workloads"]) == 5
+    assert data["bandwidth_gbps"] > 0 and len(data["workloads"]) == 7
     fields = {"name", "eager_ms", "minductor_ms", "inductor_ms", "speedup_vs_eager", "speedup_vs_inductor",
-              "minductor_compile_s", "inductor_compile_s", "minductor_spread_ms", "correct", "bandwidth_gbps", "kernels"}
+              "minductor_compile_s", "inductor_compile_s", "minductor_spread_ms", "correct", "bandwidth_gbps", "kernels",
+              "fallback_ops"}
     for w in data["workloads"]:
-        assert fields <= set(w) and w["correct"] and w["kernels"]
+        assert fields <= set(w) and w["correct"] and w["kernels"] and w["fallback_ops"] == [], w
         assert {"name", "us", "bytes", "gbps", "pct_bandwidth"} <= set(w["kernels"][0])
     assert "| workload |" in proc.stdout
 

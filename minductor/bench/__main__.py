@@ -43,15 +43,16 @@ def run_suite(names: list[str], size: int, with_inductor: bool, min_run_time: fl
 
 
 def table(reports: list[WorkloadReport]) -> str:
-    rows = ["| workload | eager ms | minductor ms | inductor ms | vs eager | vs inductor | compile s (minductor / inductor) |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| workload | eager ms | minductor ms | inductor ms | vs eager | vs inductor | compile s (minductor / inductor) | aten fallbacks |",
+            "|---|---|---|---|---|---|---|---|"]
     for r in reports:
         j = r.to_json()
         ind = "-" if j["inductor_ms"] is None else f"{j['inductor_ms']:.3f}"
         vs_ind = "-" if j["speedup_vs_inductor"] is None else f"{j['speedup_vs_inductor']:.2f}x"
         ind_c = "-" if j["inductor_compile_s"] is None else f"{j['inductor_compile_s']:.1f}"
         rows.append(f"| {r.name} | {j['eager_ms']:.3f} | {j['minductor_ms']:.3f} | {ind} | "
-                    f"{j['speedup_vs_eager']:.2f}x | {vs_ind} | {j['minductor_compile_s']:.1f} / {ind_c} |")
+                    f"{j['speedup_vs_eager']:.2f}x | {vs_ind} | {j['minductor_compile_s']:.1f} / {ind_c} | "
+                    f"{', '.join(r.fallback_ops) or 'none'} |")
     return "\n".join(rows)
 
 

@@ -1,6 +1,7 @@
 """Side-by-side timing of a workload: eager, minductor, TorchInductor, and each kernel."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import re
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils import benchmark
 
-from minductor import config
+from minductor import config, metrics
 
 
 @dataclasses.dataclass
@@ -39,6 +40,7 @@ class WorkloadReport:
     inductor_compile_seconds: float | None = None
     correct: bool = True
     spread: float = 0.0  # interquartile range of minductor's timing, seconds
+    fallback_ops: list[str] = dataclasses.field(default_factory=list)  # aten ops run as extern fallbacks
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,6 +50,7 @@ class WorkloadReport:
             "speedup_vs_inductor": None if self.inductor is None else self.inductor / self.minductor,
             "minductor_compile_s": self.compile_seconds, "inductor_compile_s": self.inductor_compile_seconds,
             "minductor_spread_ms": self.spread * 1e3, "correct": self.correct, "bandwidth_gbps": self.bandwidth,
+            "fallback_ops": self.fallback_ops,
             "kernels": [
                 {"name": k.name, "us": k.seconds * 1e6, "bytes": k.bytes_moved, "gbps": k.gbps,
                  "pct_bandwidth": 100 * k.gbps / self.bandwidth if self.bandwidth else 0.0}
@@ -93,6 +96,7 @@ def run_workload(name: str, fn: Callable[..., Any], args: Sequence[Any], *, with
     and every generated C++ kernel in isolation."""
     torch._dynamo.reset()
     graphs: list[tuple[Any, list[Any]]] = []
+    fallbacks_before = collections.Counter(metrics.fallback_ops)
     with tempfile.TemporaryDirectory() as tmp, config.patch(debug=True, debug_dir=tmp), _record_graphs(graphs):
         compiled = torch.compile(fn, backend="minductor")
         start = time.perf_counter()
@@ -115,10 +119,12 @@ def run_workload(name: str, fn: Callable[..., Any], args: Sequence[Any], *, with
         ind_compile = time.perf_counter() - start
         ind_s = median_time(lambda: inductor(*args), min_run_time)
     return WorkloadReport(name, eager_s, mind.median, ind_s, kernels, bandwidth or measure_bandwidth(),
-                          compile_s, ind_compile, correct, mind.iqr)
+                          compile_s, ind_compile, correct, mind.iqr,
+                          sorted(str(op) for op in collections.Counter(metrics.fallback_ops) - fallbacks_before))
 
 
-_CALL = re.compile(r"^\s*(cpp_\w+)\((.*)\)$")
+# a C++ kernel call; kernels with indirect indexing reset and check their error flag around it
+_CALL = re.compile(r"^\s*(?:mi_err = [^;]*; )?(cpp_\w+)\((.*?)\)(?:; check_index_error\(.*\))?$")
 _TRITON_CALL = re.compile(r"^\s*(triton_\w+)\[.*\]\((.*)\)$")
 NEEDS_GPU = "timing needs a GPU (ran once in Triton's interpreter; result checked against eager)"
 

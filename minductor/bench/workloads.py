@@ -92,6 +92,34 @@ class GeluMLP(torch.nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
 
 
+def _indexing_workloads(n: int) -> dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]]:
+    """Indirect reads and writes, windows and scans (issue 4's op families) at size ``n``."""
+    cols, rows = max(n // 4, 4), max(n // 16, 4)
+
+    def table() -> torch.Tensor:
+        return torch.randn(n, n)
+
+    def index(high: int, *shape: int) -> torch.Tensor:
+        return torch.randint(0, high, shape)
+
+    def image() -> torch.Tensor:  # (batch, channels, h, w): 32 MB at n = 4096
+        return torch.randn(8, 64, n // 32, n // 32)
+
+    return {
+        "gather": (lambda x, i: torch.gather(x, 1, i), lambda: (table(), index(n, n, cols))),
+        "embedding": (F.embedding, lambda: (index(n * 8, n * 2), torch.randn(n * 8, rows * 4))),
+        "index_select": (lambda x, i: x.index_select(0, i) * 2, lambda: (table(), index(n, n))),
+        "scatter_add": (lambda x, i, s: x.scatter_add(1, i, s), lambda: (table(), index(n, n, cols), torch.randn(n, cols))),
+        "index_put_acc": (lambda x, i, v: x.index_put((i,), v, accumulate=True),
+                          lambda: (torch.randn(n, rows * 4), index(n, n * 2), torch.randn(n * 2, rows * 4))),
+        "max_pool2d": (lambda x: F.max_pool2d(x, 3, 2, 1), lambda: (image(),)),
+        "avg_pool2d": (lambda x: F.avg_pool2d(x, 3, 2, 1), lambda: (image(),)),
+        "adaptive_avg_pool2d": (lambda x: F.adaptive_avg_pool2d(x, 7), lambda: (image(),)),
+        "constant_pad": (lambda x: F.pad(x, (1, 1, 1, 1)) * 2, lambda: (image(),)),
+        "cumsum": (lambda x: x.cumsum(1), lambda: (table(),)),
+    }
+
+
 def make_workloads(n: int = N) -> dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]]:
     """The standard workloads at size ``n`` (4096 is the full suite; small values for CI)."""
 
@@ -116,7 +144,7 @@ def make_workloads(n: int = N) -> dict[str, tuple[Callable[..., Any], Callable[[
         "gelu_mlp": (mlp, lambda: (torch.randn(small * 8, max(n // 16, 8)),)),
         "conv_net": (conv, lambda: (torch.randn(2, 3, small * 2, small * 2),)),
         "transformer_block": _block(seq=max(n // 32, 8), dim=max(n // 16, 16)),
-    }
+    } | _indexing_workloads(n)
 
 
 WORKLOADS = make_workloads()
@@ -125,6 +153,7 @@ SUITES: dict[str, tuple[int, list[str]]] = {
     "pointwise": (N, ["pointwise6", "broadcast_add", "transpose_add"]),
     "reductions": (N, ["softmax", "layer_norm", "layer_norm_residual", "sum_dim0", "sum_dim1", "amax_dim0", "full_sum"]),
     "models": (N, ["gelu_mlp", "conv_net", "transformer_block"]),
+    "indexing": (N, list(_indexing_workloads(64))),
     "all": (N, list(WORKLOADS)),
-    "tiny": (64, ["pointwise6", "transpose_add", "softmax", "sum_dim0", "gelu_mlp"]),  # for CI
+    "tiny": (64, ["pointwise6", "transpose_add", "softmax", "sum_dim0", "gelu_mlp", "gather", "max_pool2d"]),  # for CI
 }
