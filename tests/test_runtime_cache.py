@@ -65,6 +65,33 @@ def test_compile_and_load_many_in_order() -> None:
     assert cache.compile_and_load_many(sources[:1])[0] is fns[0]  # in-process memo: no reload
 
 
+def test_many_kernels_compile_in_batches(fresh_cache: Path) -> None:
+    """Five kernels with two compile threads: two g++ runs, each .so holding several kernels."""
+    sources = [(ARANGE.replace('"C" void k', f'"C" void k{i}').replace("=i;", f"=i+{i};"), f"k{i}") for i in range(5)]
+    cache._loaded.clear()  # the in-process memo outlives the cache directory of other tests
+    with config.patch(compile_threads=2):
+        fns = cache.compile_and_load_many(sources)
+    for i, fn in enumerate(fns):
+        torch.testing.assert_close(run_arange(fn), torch.arange(37, dtype=torch.float32) + i)
+    assert metrics.cache_misses == 5
+    assert len(list(fresh_cache.rglob("*.so"))) == 2
+    cache._loaded.clear()  # a new process: the batches come from disk
+    with config.patch(compile_threads=2):
+        again = cache.compile_and_load_many(sources)
+    torch.testing.assert_close(run_arange(again[4]), torch.arange(37, dtype=torch.float32) + 4)
+    assert metrics.cache_hits == 5
+
+
+def test_failing_batch_reports_the_failing_kernel() -> None:
+    bad = 'extern "C" void bad(float* out){ out[0] = ; }\n'
+    sources = [(ARANGE, "k"), (bad, "bad"), (ARANGE.replace('"C" void k', '"C" void k2'), "k2")]
+    cache._loaded.clear()
+    with config.patch(compile_threads=1), pytest.raises(cache.CppCompileError) as info:
+        cache.compile_and_load_many(sources)
+    assert str(cache.cpp_source_path(bad, "bad")) in str(info.value)
+    assert cache.cpp_source_path(ARANGE, "k").with_suffix(".so").exists()  # compiled alone after the batch failed
+
+
 def test_syntax_error_raises_with_path_and_compiler_output() -> None:
     bad = 'extern "C" void bad(float* out){ out[0] = ; }\n'
     with pytest.raises(cache.CppCompileError) as info:

@@ -129,6 +129,8 @@ class CppKernel:
         self.accumulators: list[tuple[str, str, str, str]] = []  # name, type, init, combine
         self.helpers: list[tuple[str, str, CodeBuffer]] = []  # per-block functions
         self.tile_var: sympy.Symbol | None = None
+        self.stage: StagedTile | None = None  # 2-D tile mode: loads staged transposed
+        self.mask_depth = 0  # inside masked(): loads there must not run unconditionally
         self.uses_error_flag = False  # an indirect index is bounds-checked into mi_err[0]
 
     # -- handler callbacks ---------------------------------------------------------------
@@ -141,6 +143,8 @@ class CppKernel:
         arg = self.args.input(name)
         dtype = V.graph.get_dtype(name)
         access = f"{arg}[{self.index_str(index)}]"
+        if self.stage is not None and self.mask_depth == 0:
+            access = self.stage.maybe_stage(self, arg, dtype, index) or access
         if dtype == torch.float16:
             access = f"static_cast<float>({access})"
         elif dtype == torch.bfloat16:
@@ -168,8 +172,10 @@ class CppKernel:
         saved = self.body
         inner = CodeBuffer()
         self.body = inner
+        self.mask_depth += 1
         with self.cse.scope():
             value = body()
+        self.mask_depth -= 1
         self.body = saved
         fn = self.cse.newvar()
         self.body.writeline(f"auto {fn} = [&]() {{")
@@ -354,14 +360,17 @@ class CppKernel:
         code.writeline(f"for (int64_t mi_t1 = 0; mi_t1 < {cpp_index(s1)}; mi_t1 += {TILE})")
         code.writeline("{")
         with code.indent(open_brace=False):
+            self.body, self.prefix, self.suffix = CodeBuffer(), CodeBuffer(), CodeBuffer()
+            self.substitution = dict(outer.substitution)
+            self.stage = StagedTile(v1, s1, v2, s2)
+            with V.set_ops(CppOps(self)), V.set_kernel(self):
+                for node in loop.nodes:
+                    node.run(make_vars("x", len(self.group.outer)), [])
+            self.stage.emit_fills(code)
+            self.stage = None
             code.writeline(f"for (int64_t {v2} = mi_t0; {v2} < mi_min_i64(mi_t0 + {TILE}, {cpp_index(s2)}); {v2}++)")
             code.writeline("{")
             with code.indent(open_brace=False):
-                self.body, self.prefix, self.suffix = CodeBuffer(), CodeBuffer(), CodeBuffer()
-                self.substitution = dict(outer.substitution)
-                with V.set_ops(CppOps(self)), V.set_kernel(self):
-                    for node in loop.nodes:
-                        node.run(make_vars("x", len(self.group.outer)), [])
                 code.writeline("#pragma omp simd")
                 code.writeline(f"for (int64_t {v1} = mi_t1; {v1} < mi_min_i64(mi_t1 + {TILE}, {cpp_index(s1)}); {v1}++)")
                 with code.indent():
@@ -601,6 +610,50 @@ def inner_lanes(row: Expr, whole_range: bool = False) -> int:
     if whole_range or size >= 1024:
         return MAX_LANES
     return 16 if size >= 256 else LANES
+
+
+class StagedTile:
+    """Loads of a 2-D tile that are contiguous along the tile's outer variable ``v2`` while the
+    inner loop runs along ``v1`` (the transposed operand of ``x.t() + y``): each is first copied
+    into a local ``TILE x TILE`` block, reading rows of the source contiguously, so the inner
+    loop reads the block contiguously instead of gathering with a stride."""
+
+    MAX_STAGES = 4
+
+    def __init__(self, v1: sympy.Symbol, s1: Expr, v2: sympy.Symbol, s2: Expr) -> None:
+        self.v1, self.s1, self.v2, self.s2 = v1, s1, v2, s2
+        self.fills: list[tuple[str, str, str]] = []  # (block name, storage type, source access)
+        self.by_access: dict[str, str] = {}
+
+    def maybe_stage(self, kernel: CppKernel, arg: str, dtype: torch.dtype, index: Expr) -> str | None:
+        expr = simplify_index(sympy.expand(sympy.sympify(index).xreplace(kernel.substitution)), kernel.range_of)
+        coeffs = affine_coeffs(expr, [self.v1, self.v2])
+        if coeffs is None or coeffs[self.v2] != 1 or coeffs[self.v1] == 1:
+            return None
+        a, b = index_symbol("mi_a"), index_symbol("mi_b")
+        source = f"{arg}[{cpp_index(expr.xreplace({self.v1: index_symbol('mi_t1') + a, self.v2: index_symbol('mi_t0') + b}))}]"
+        if source not in self.by_access:
+            if len(self.fills) >= self.MAX_STAGES:
+                return None
+            name = f"mi_stage{len(self.fills)}"
+            self.by_access[source] = name
+            self.fills.append((name, CPP_STORAGE_TYPES[dtype], source))
+        return f"{self.by_access[source]}[{self.v2} - mi_t0][{self.v1} - mi_t1]"
+
+    def emit_fills(self, code: CodeBuffer) -> None:
+        for name, ctype, source in self.fills:
+            code.writeline(f"alignas(64) {ctype} {name}[{TILE}][{TILE}];")
+        if not self.fills:
+            return
+        code.writeline(f"for (int64_t mi_a = 0; mi_a < mi_min_i64({TILE}, {cpp_index(self.s1)} - mi_t1); mi_a++)")
+        code.writeline("{")
+        with code.indent(open_brace=False):
+            code.writeline("#pragma omp simd")
+            code.writeline(f"for (int64_t mi_b = 0; mi_b < mi_min_i64({TILE}, {cpp_index(self.s2)} - mi_t0); mi_b++)")
+            with code.indent():
+                for name, _, source in self.fills:
+                    code.writeline(f"{name}[mi_b][mi_a] = {source};")
+        code.writeline("}")
 
 
 def _combine(mode: str, current: str, value: str) -> str:

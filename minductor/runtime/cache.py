@@ -4,6 +4,12 @@ Layout: ``<config.cache_dir>/cpp/<key[:2]>/<key>/<kernel_name>.{cpp,so}`` where 
 the source, the compiler flags and version, the CPU and the prelude headers. Concurrent
 processes serialize on a file lock per key; the ``.so`` appears atomically (``os.replace``),
 so its existence means a finished compile.
+
+The kernels of one graph that miss the cache compile together: ``compile_threads`` translation
+units at most, each holding several kernels, because every g++ run has a fixed cost (~0.16 s
+of driver, front-end start-up and linking here) that would otherwise be paid per kernel. Such
+a unit is cached under the key of its concatenated source; a unit that fails to compile falls
+back to one compile per kernel, so an error still names its kernel.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from minductor import config, metrics
@@ -87,12 +93,12 @@ def cpp_source_path(source: str, kernel_name: str) -> Path:
     return _key_dir(cache_key(source)) / f"{kernel_name}.cpp"
 
 
-def _count(hit: bool) -> None:
+def _count(hit: bool, kernels: int = 1) -> None:
     with _metrics_lock:
         if hit:
-            metrics.cache_hits += 1
+            metrics.cache_hits += kernels
         else:
-            metrics.cache_misses += 1
+            metrics.cache_misses += kernels
 
 
 def compile_cpp(source: str, kernel_name: str) -> Path:
@@ -100,13 +106,13 @@ def compile_cpp(source: str, kernel_name: str) -> Path:
     return _compile(source, kernel_name, cache_key(source))
 
 
-def _compile(source: str, kernel_name: str, key: str) -> Path:
+def _compile(source: str, kernel_name: str, key: str, kernels: int = 1) -> Path:
     cpp = _key_dir(key) / f"{kernel_name}.cpp"
     so = cpp.with_suffix(".so")
     if so.exists():
-        _count(hit=True)
+        _count(hit=True, kernels=kernels)
         return so
-    _count(hit=False)
+    _count(hit=False, kernels=kernels)
     cpp.parent.mkdir(parents=True, exist_ok=True)
     with open(cpp.parent / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -157,21 +163,55 @@ def load_cpp_kernel(so_path: Path, name: str) -> Callable[..., None]:
 
 
 def compile_and_load_many(items: list[tuple[str, str]]) -> list[Callable[..., None]]:
-    """Compile ``(source, kernel_name)`` pairs (misses in parallel) and load them, in order."""
+    """Compile ``(source, kernel_name)`` pairs (misses in parallel, batched) and load them, in order."""
     keys = [(cache_key(source), name) for source, name in items]
     todo = {k: source for k, (source, _) in zip(keys, items) if k not in _loaded}
-    if todo:
-        paths = _compile_all(todo)
-        for k, path in zip(todo, paths):
-            _loaded[k] = load_cpp_kernel(path, k[1])
+    misses: dict[tuple[str, str], str] = {}
+    for k, source in todo.items():
+        so = _key_dir(k[0]) / f"{k[1]}.so"
+        if so.exists():  # compiled alone before
+            _count(hit=True)
+            _loaded[k] = load_cpp_kernel(so, k[1])
+        else:
+            misses[k] = source
+    if misses:
+        _compile_all(misses)
     return [_loaded[k] for k in keys]
 
 
-def _compile_all(todo: dict[tuple[str, str], str]) -> list[Path]:
-    jobs = [(source, name, key) for (key, name), source in todo.items()]
-    threads = max(1, min(config.compile_threads, len(jobs)))
-    if threads == 1:
-        return [_compile(*job) for job in jobs]
-    with ThreadPoolExecutor(threads, thread_name_prefix="minductor-cxx") as pool:
-        futures: list[Future[Path]] = [pool.submit(_compile, *job) for job in jobs]
-        return [f.result() for f in futures]
+def _batches(todo: dict[tuple[str, str], str]) -> list[list[tuple[tuple[str, str], str]]]:
+    """Split the kernels into at most ``compile_threads`` contiguous batches of similar size."""
+    jobs = list(todo.items())
+    count = max(1, min(config.compile_threads, len(jobs)))
+    size = -(-len(jobs) // count)
+    return [jobs[i:i + size] for i in range(0, len(jobs), size)]
+
+
+def _compile_batch(batch: list[tuple[tuple[str, str], str]]) -> None:
+    if len(batch) == 1:
+        (key, name), source = batch[0]
+        _loaded[(key, name)] = load_cpp_kernel(_compile(source, name, key), name)
+        return
+    source = "\n".join(src for _, src in batch)
+    name = f"mi_batch_{batch[0][0][1]}_{len(batch)}"
+    try:
+        so = _compile(source, name, cache_key(source), kernels=len(batch))
+    except CppCompileError:
+        for item in batch:  # compile alone: the error then names the kernel that fails
+            _compile_batch([item])
+        return
+    lib = ctypes.CDLL(str(so))
+    for key in (k for k, _ in batch):
+        fn = getattr(lib, key[1])
+        fn.restype = None
+        _loaded[key] = fn
+
+
+def _compile_all(todo: dict[tuple[str, str], str]) -> None:
+    batches = _batches(todo)
+    if len(batches) == 1:
+        _compile_batch(batches[0])
+        return
+    with ThreadPoolExecutor(len(batches), thread_name_prefix="minductor-cxx") as pool:
+        for future in [pool.submit(_compile_batch, b) for b in batches]:
+            future.result()
