@@ -10,6 +10,7 @@ import tempfile
 
 import torch
 
+from minductor.bench.memory import minductor_peak_bytes, peak_bytes
 from minductor.bench.runner import measure_bandwidth, run_workload
 from minductor.bench.workloads import WORKLOADS, Block
 
@@ -57,28 +58,25 @@ def bench_compile(with_inductor: bool) -> None:
         print(f"{case}: " + " | ".join(row), flush=True)
 
 
-def peak_bytes(fn, *args) -> int:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn(*args)
-    live = peak = 0
-    events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
-    for e in events:
-        live += e.cpu_memory_usage
-        peak = max(peak, live)
-    return peak
+def bench_memory(size: int = 2048) -> None:
+    """Every suite workload (forward, size ``size``) and a training step: eager vs minductor
+    with and without the cross-call buffer pool (config.reuse_buffers_across_calls)."""
+    from minductor.bench.workloads import make_workloads
 
-
-def bench_memory() -> None:
-    print("== peak memory of a forward pass (profiler allocation events)")
-    torch.manual_seed(0)
-    model = Block().eval()
-    x = torch.randn(8, 128, 256)
-    with torch.no_grad():
-        compiled = torch.compile(model, backend="minductor")
-        compiled(x)
-        eager_peak, mind_peak = peak_bytes(model, x), peak_bytes(compiled, x)
-    print(f"transformer_block: eager {eager_peak / 1e6:.1f} MB | minductor {mind_peak / 1e6:.1f} MB "
-          f"({mind_peak / eager_peak:.2f}x eager)")
+    print(f"== peak memory of a steady-state call (profiler allocation events + bytes held by buffer pools), n={size}")
+    rows = [("workload", "eager MB", "minductor MB (pool)", "minductor MB (no pool)")]
+    cases = [(name, fn, make()) for name, (fn, make) in make_workloads(size).items()]
+    mlp = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.LayerNorm(1024), torch.nn.Linear(1024, 256))
+    cases.append(("mlp_train_step", lambda x: mlp(x).square().mean().backward(), (torch.randn(1024, 256),)))
+    for name, fn, args in cases:
+        grad = name.endswith("train_step")
+        with torch.set_grad_enabled(grad):
+            eager = peak_bytes(fn, *args)
+            pooled = minductor_peak_bytes(fn, args, pool=True)
+            plain = minductor_peak_bytes(fn, args, pool=False)
+        rows.append((name, f"{eager / 1e6:.1f}", f"{pooled / 1e6:.1f} ({pooled / eager:.2f}x)",
+                     f"{plain / 1e6:.1f} ({plain / eager:.2f}x)"))
+        print(" | ".join(rows[-1]), flush=True)
 
 
 def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:

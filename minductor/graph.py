@@ -296,6 +296,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     if dump is not None:
         dump.write("fx_graph.py", gm.print_readable(print_output=False))
     graph = GraphLowering(gm, example_inputs)
+    graph.kind = kind  # "inference", "forward" or "backward"
     graph.dump = dump  # lowerings that build their own computations (XLA) dump them here
     try:
         with V.set_graph(graph):

@@ -113,3 +113,53 @@ def test_buffer_pool_can_be_turned_off(tmp_path) -> None:
         torch.testing.assert_close(out, x.exp())
         code = next((tmp_path / str(enabled)).glob("graph_*/output_code.py")).read_text()
         assert ("mi_pool.take(" in code) == enabled, code
+
+
+def _gelu_mlp() -> tuple[torch.nn.Module, torch.Tensor]:
+    from minductor.bench.workloads import GeluMLP
+
+    torch.manual_seed(0)
+    return GeluMLP(128).eval(), torch.randn(512, 128)
+
+
+@pytest.mark.parametrize("case", ["gelu_mlp", "transformer_block", "pointwise_chain"])
+def test_peak_memory_of_a_steady_state_call_at_most_eager(case: str) -> None:
+    """Reuse inside a call (holding a freed buffer) and the pool across calls (holding storages
+    between calls) never raise the peak above eager's: the profiler's allocation events plus the
+    bytes the graph's pool holds, against eager's allocation events."""
+    from minductor.bench.memory import minductor_peak_bytes, peak_bytes
+    from minductor.bench.workloads import Block
+
+    if case == "gelu_mlp":
+        fn, args = _gelu_mlp()
+        args = (args,)
+    elif case == "transformer_block":
+        torch.manual_seed(0)
+        fn, args = Block(dim=64, heads=4).eval(), (torch.randn(4, 64, 64),)
+    else:
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            a = x.exp().sum(1, keepdim=True)    # a large intermediate dies early...
+            b = torch.mm(x, x.t()).relu()       # ...a larger one of another size comes later
+            return b / a + 1
+        args = (torch.randn(512, 256),)
+    with torch.no_grad():
+        eager = peak_bytes(fn, *args)
+        compiled = minductor_peak_bytes(fn, args, pool=True)
+        torch.testing.assert_close(torch.compile(fn, backend="minductor")(*args), fn(*args), rtol=1e-4, atol=1e-4)
+    assert compiled <= eager, (compiled, eager)
+
+
+def test_training_graphs_hold_no_storages_across_calls(tmp_path) -> None:
+    """A forward's pool would hold memory through the backward (and vice versa): training graphs
+    allocate plainly; inference graphs of the same model use the pool."""
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU()), torch.randn(512, 256)
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        compiled = torch.compile(model, backend="minductor")
+        compiled(x).sum().backward()
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    codes = {p.parent.name.split("_")[-1]: p.read_text() for p in tmp_path.glob("graph_*/output_code.py")}
+    assert {"forward", "backward", "inference"} <= set(codes), sorted(codes)
+    assert "mi_pool.take(" not in codes["forward"] and "mi_pool.take(" not in codes["backward"]
+    assert "mi_pool.take(" in codes["inference"]

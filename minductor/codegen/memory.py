@@ -3,11 +3,13 @@ freed buffer to a later allocation of the same device, dtype and storage size
 (``buf3 = buf1  # reuse``) instead of allocating: fresh large buffers cost page faults.
 
 A freed buffer is kept for reuse only while a later allocation of its kind is still to
-come, so holding it never outlasts the moment eager would have allocated anew.
+come and holding it until then keeps every step under the plan's peak (``_Timeline``).
 
-Across calls, each remaining large CPU allocation takes its storage from a slot of the
-graph's ``BufferPool`` (``mi_pool.take(slot, ...)``), which hands back last call's storage
-once nothing holds it any more (runtime/buffer_pool.py).
+Across calls, large CPU allocations take their storage from a slot of the graph's
+``BufferPool`` (``mi_pool.take(slot, ...)``), which hands back last call's storage once nothing
+holds it any more (runtime/buffer_pool.py) -- but only those whose storage can be held for the
+whole call without raising the plan's peak (``_choose_pooled``): the pool saves page faults,
+never memory at the peak.
 """
 from __future__ import annotations
 
@@ -35,19 +37,57 @@ class UnitPlan:
 class PoolSlots:
     """Numbers the allocation sites that take their storage from the graph's ``BufferPool``."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         self.count = 0
+        self.enabled = enabled and config.reuse_buffers_across_calls
 
-    def alloc_line(self, buf: Buffer) -> str:
+    def candidate_bytes(self, buf: Buffer) -> int:
+        """Storage bytes of a buffer the pool could hold (static, CPU, large), else 0."""
         lay = buf.layout
         numel = lay.storage_numel()
         nbytes = int(numel) * lay.dtype.itemsize if numel.is_Integer else 0
         static = all(sympy_int(e) for e in (*lay.size, *lay.stride, lay.offset))
-        if not (config.reuse_buffers_across_calls and static and lay.device.type == "cpu"
-                and nbytes >= config.pool_min_bytes and lay.offset == 0):
-            return _alloc_line(buf)
+        ok = self.enabled and static and lay.device.type == "cpu" and lay.offset == 0
+        return nbytes if ok and nbytes >= config.pool_min_bytes else 0
+
+    def alloc_line(self, buf: Buffer) -> str:
+        lay = buf.layout
         self.count += 1
-        return f"{buf.name} = mi_pool.take({self.count - 1}, {_shape(lay.size)}, {_shape(lay.stride)}, {lay.dtype}, {nbytes})"
+        return (f"{buf.name} = mi_pool.take({self.count - 1}, {_shape(lay.size)}, {_shape(lay.stride)}, {lay.dtype}, "
+                f"{self.candidate_bytes(buf)})")
+
+
+@dataclasses.dataclass
+class _Site:
+    """A fresh allocation of the plan: its storage lives from unit ``start`` to unit ``end``."""
+    buf: Buffer
+    start: int
+    end: int
+    nbytes: int  # 0 unless the pool could hold it
+
+
+def _choose_pooled(sites: list[_Site], n_units: int) -> set[int]:
+    """Sites whose storage the pool keeps across calls, without raising the planned peak.
+
+    A pooled storage is held for the whole call (and between calls); the others only while
+    live. Largest first (the page faults saved grow with the size), a site is taken when the
+    peak of the resulting timeline stays at the plan's own peak."""
+    sizes = [s.nbytes for s in sites]
+    live = [0] * max(n_units, 1)
+    for s in sites:
+        for t in range(s.start, min(s.end, n_units - 1) + 1):
+            live[t] += s.nbytes
+    peak, held, chosen = max(live), 0, set()
+    for i in sorted(range(len(sites)), key=lambda i: -sizes[i]):
+        s = sites[i]
+        if not s.nbytes:
+            continue
+        without = [v - (s.nbytes if s.start <= t <= s.end else 0) for t, v in enumerate(live)]
+        if held + s.nbytes + max(without) <= peak:
+            held += s.nbytes
+            live = without
+            chosen.add(i)
+    return chosen
 
 
 def sympy_int(expr: Any) -> bool:
@@ -92,6 +132,46 @@ def _returns_alias(op: Any) -> bool:
     return schema is None or any(r.alias_info is not None for r in schema.returns)
 
 
+class _Timeline:
+    """Bytes of the buffers we allocate, live during each unit when each is allocated at its
+    first write and freed after its last use: holding a freed buffer for a later reuse is
+    allowed only while it keeps every unit at or under this plan's peak."""
+
+    def __init__(self, allocs_by_unit: list[list[Buffer]], last_use: dict[str, int], keep: set[str]) -> None:
+        n = len(allocs_by_unit)
+        self.live = [0] * n
+        for i, bufs in enumerate(allocs_by_unit):
+            for b in bufs:
+                key = _key(b.layout)
+                end = n - 1 if b.name in keep else min(last_use.get(b.name, i), n - 1)
+                for t in range(i, end + 1):
+                    self.live[t] += _nbytes(key)
+        self.peak = max(self.live, default=0)
+        self.alloc_units: dict[Key, list[int]] = collections.defaultdict(list)
+        for i, bufs in enumerate(allocs_by_unit):
+            for b in bufs:
+                key = _key(b.layout)
+                if key is not None:
+                    self.alloc_units[key].append(i)
+
+    def try_hold(self, key: Key, freed_after: int, waiting: int) -> bool:
+        """Hold a buffer freed after unit ``freed_after`` until the allocation of ``key`` it
+        will serve (``waiting`` other held buffers of its key are served first)."""
+        later = [u for u in self.alloc_units[key] if u > freed_after]
+        if len(later) <= waiting:
+            return False
+        span = range(freed_after + 1, later[waiting])
+        if any(self.live[t] + _nbytes(key) > self.peak for t in span):
+            return False
+        for t in span:
+            self.live[t] += _nbytes(key)
+        return True
+
+
+def _nbytes(key: Key | None) -> int:
+    return 0 if key is None else key[2] * key[1].itemsize
+
+
 def plan_memory(graph: Any, units: list[Any], last_use: dict[str, int], outputs: set[str],
                 slots: PoolSlots | None = None) -> list[UnitPlan]:
     slots = slots or PoolSlots()
@@ -104,35 +184,55 @@ def plan_memory(graph: Any, units: list[Any], last_use: dict[str, int], outputs:
             key = _key(b.layout)
             if key is not None:
                 upcoming[key] += 1
+    timeline = _Timeline(allocs_by_unit, last_use, outputs | set(graph.constants))
     pool: dict[Key, list[str]] = collections.defaultdict(list)
     frees_at: dict[int, list[str]] = collections.defaultdict(list)
     for name, i in last_use.items():
         if name not in outputs and name not in graph.constants:
             frees_at[i].append(name)
-    plans = []
+    allocs_of: list[list[str | _Site]] = []
+    frees_of: list[list[str]] = []
+    sites: list[_Site] = []
+    site_of: dict[str, _Site] = {}  # buffer name -> the allocation whose storage it uses
     for i, bufs in enumerate(allocs_by_unit):
-        allocs = []
+        allocs: list[str | _Site] = []
         for b in bufs:
             key = _key(b.layout)
             if key is not None:
                 upcoming[key] -= 1
             if key is not None and pool[key]:
-                allocs.append(_reuse_line(b, pool[key].pop(), ours))
+                old = pool[key].pop()
+                allocs.append(_reuse_line(b, old, ours))
+                site_of[b.name] = site_of[old]
                 metrics.buffers_reused += 1
             else:
-                allocs.append(slots.alloc_line(b))
+                site = _Site(b, i, len(units), slots.candidate_bytes(b))
+                sites.append(site)
+                site_of[b.name] = site
+                allocs.append(site)
                 metrics.buffers_allocated += 1
         frees = []
         for name in sorted(frees_at.get(i, [])):
             buf = ours.get(name)
             key = _key(buf.layout) if buf is not None else None
             if key is not None and name not in no_reuse and isinstance(buf, (ComputedBuffer, ExternKernelOut)) \
-                    and len(pool[key]) < upcoming[key]:
+                    and len(pool[key]) < upcoming[key] and timeline.try_hold(key, i, len(pool[key])):
                 pool[key].append(name)
             else:
                 frees.append(name)
-        plans.append(UnitPlan(allocs, [f"del {', '.join(frees)}"] if frees else []))
-    return plans
+                if name in site_of:
+                    site_of[name].end = i
+        allocs_of.append(allocs)
+        frees_of.append(frees)
+    pooled = {id(sites[i]) for i in _choose_pooled(sites, len(units))}
+
+    def line(a: str | _Site) -> str:
+        if isinstance(a, str):
+            return a
+        return slots.alloc_line(a.buf) if id(a) in pooled else _alloc_line(a.buf)
+
+    return [UnitPlan([line(a) for a in allocs], [f"del {', '.join(frees)}"] if frees else [])
+            for allocs, frees in zip(allocs_of, frees_of)]
 
 
 def _alloc_line(buf: Buffer) -> str:

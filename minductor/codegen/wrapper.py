@@ -117,7 +117,9 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
             stride = tuple(int(s) if s.is_Integer else None for s in buf.layout.stride)
             body.writeline(f"assert_size_stride({name}, {size}, {stride}, {name!r})")
     outputs = scheduler.output_names()
-    slots = PoolSlots()
+    # training graphs hold no storages across calls: a forward's pool would sit on memory
+    # through the backward (and vice versa), above eager's peak
+    slots = PoolSlots(enabled=getattr(graph, "kind", "inference") == "inference")
     templates = _plan_templates(scheduler.units, outputs)
     last_use = dict(scheduler.last_use)
     for i, t in templates.items():

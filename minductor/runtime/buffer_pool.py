@@ -16,6 +16,7 @@ memory held between calls (at most ``KEEP`` buffers per slot, only buffers of at
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -30,6 +31,7 @@ class BufferPool:
     def __init__(self, slots: int) -> None:
         self.slots: list[list[torch.UntypedStorage]] = [[] for _ in range(slots)]
         self.lock = threading.Lock()
+        _pools.add(self)
 
     def take(self, slot: int, size: Sequence[int], stride: Sequence[int], dtype: torch.dtype, nbytes: int) -> torch.Tensor:
         """A tensor of ``size``/``stride`` on a storage nobody else holds (uninitialized)."""
@@ -49,3 +51,22 @@ class BufferPool:
         with self.lock:
             for kept in self.slots:
                 kept.clear()
+
+
+_pools: weakref.WeakSet[BufferPool] = weakref.WeakSet()
+
+
+def live_pools() -> list[BufferPool]:
+    return list(_pools)
+
+
+def held_bytes(pools: Sequence[BufferPool] | None = None) -> int:
+    """Bytes of the storages the given (default: all live) pools keep, each storage once: memory
+    graphs hold between calls, which an allocation profiler does not see when a call reuses it."""
+    seen: dict[int, int] = {}
+    for pool in live_pools() if pools is None else pools:
+        with pool.lock:
+            for kept in pool.slots:
+                for storage in kept:
+                    seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
