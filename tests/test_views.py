@@ -267,3 +267,15 @@ def test_constant_pad_and_slice_scatter() -> None:
     check(lambda x: (torch.nn.functional.pad(x, (1, 2, 0, 3)), torch.nn.functional.pad(x, (-1, 1), value=2.5),
                      torch.slice_scatter(x, x[:, :2] * 10, 1, 0, 4, 2), torch.select_scatter(x, x[0] + 1, 0, -1),
                      torch.diagonal_scatter(x, torch.zeros(4), 0)), x)
+
+
+@pytest.mark.parametrize("shape,dim", [((0, 1, 0), 0), ((0, 1, 0), 2), ((3, 0), 1)])
+def test_stack_and_reshape_of_empty_tensors(shape: tuple[int, ...], dim: int) -> None:
+    """Zero-size dims: the reshape index map is never evaluated (no division by a zero stride)."""
+    a, b = torch.randn(shape), torch.randn(shape)
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.stack([a, b], dim).reshape(-1, 1) + 1
+
+    out = torch.compile(f, backend="minductor")(a, b)
+    torch.testing.assert_close(out, f(a, b))

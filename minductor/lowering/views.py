@@ -52,9 +52,12 @@ def _reshape_indexer(old: Sequence[Expr], new: Sequence[Expr]) -> Any:
     FloorDiv/ModularIndexing appear.
     """
     groups = _reshape_groups(list(old), list(new))
+    empty = any(sympy.sympify(s) == 0 for s in old)  # no element: no index is ever computed
 
     def reindex(index: Sequence[Expr]) -> list[Expr]:
         out: list[Expr] = [sympy.Integer(0)] * len(old)
+        if empty:
+            return out
         for old_dims, new_dims in groups:
             flat = sympy.Integer(0)
             for d in new_dims:
