@@ -84,3 +84,32 @@ def test_masked_ops_fuse_into_one_kernel() -> None:
     x, lo = torch.randn(24), torch.randn(24)
     torch.testing.assert_close(torch.compile(fn, backend="minductor")(x, lo), fn(x, lo))
     assert metrics.generated_kernel_count == 1 and not metrics.fallback_ops
+
+
+def test_masked_loads_are_branch_free(tmp_path: Any) -> None:
+    """Masked bodies of loads and math run unconditionally (masked-off lanes read element 0), so
+    pooling and padding kernels have no per-element lambda; results keep eager's -inf/NaN edges."""
+    from minductor import config
+
+    x = torch.randn(2, 3, 9, 11)
+    x[0, 0, 0, 0], x[1, 2, -1, -1] = float("nan"), float("-inf")
+    fns = [lambda x: F.max_pool2d(x, 3, 2, 1), lambda x: F.pad(x, (1, 2, 0, 1), value=-1.5) * 2,
+           lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=False)]
+    for i, fn in enumerate(fns):
+        with config.patch(debug=True, debug_dir=str(tmp_path / str(i))):
+            torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x), equal_nan=True)
+        code = next((tmp_path / str(i)).glob("graph_*/output_code.py")).read_text()
+        assert "[&]" not in code, code
+        if i == 0:  # stride-2 window loads: a bitwise-selected (gathered) index
+            assert "in_ptr0[mi_masked_index(" in code, code
+
+
+def test_masked_body_with_a_checked_division_stays_conditional(tmp_path: Any) -> None:
+    from minductor import config
+
+    a, b = torch.randint(-9, 9, (4, 6)), torch.randint(1, 5, (4, 6))
+    fn = lambda a, b: F.pad(a // b, (1, 1))  # noqa: E731
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        torch.testing.assert_close(torch.compile(fn, backend="minductor")(a, b), fn(a, b))
+    code = next(tmp_path.glob("graph_*/output_code.py")).read_text()
+    assert "mi_check_divisor" not in code or "[&]" in code, code

@@ -131,6 +131,7 @@ class CppKernel:
         self.tile_var: sympy.Symbol | None = None
         self.stage: StagedTile | None = None  # 2-D tile mode: loads staged transposed
         self.mask_depth = 0  # inside masked(): loads there must not run unconditionally
+        self.masks: list[str] = []  # enclosing masks, innermost last
         self.uses_error_flag = False  # an indirect index is bounds-checked into mi_err[0]
 
     # -- handler callbacks ---------------------------------------------------------------
@@ -143,6 +144,8 @@ class CppKernel:
         arg = self.args.input(name)
         dtype = V.graph.get_dtype(name)
         access = f"{arg}[{self.index_str(index)}]"
+        if self.masks:  # masked-off lanes read element 0: the load may run unconditionally
+            access = f"{arg}[{_masked_index(' && '.join(self.masks), self.index_str(index), index)}]"
         if self.stage is not None and self.mask_depth == 0:
             access = self.stage.maybe_stage(self, arg, dtype, index) or access
         if dtype == torch.float16:
@@ -169,21 +172,31 @@ class CppKernel:
         buffer.writeline(f"{arg}[{self.index_str(index)}] = {value};")
 
     def masked(self, mask: str, body: Callable[[], Any], other: bool | float) -> str:
+        """``mask ? body() : other``. The body's loads read element 0 in masked-off lanes, so
+        a body of loads and math runs unconditionally and the select is branch-free (the loop
+        vectorizes, strided masked loads as gathers); a body that can raise (bounds or
+        divisor checks) or nests another mask stays a lambda called only under the mask."""
         saved = self.body
         inner = CodeBuffer()
         self.body = inner
         self.mask_depth += 1
+        self.masks.append(mask)
         with self.cse.scope():
             value = body()
+        self.masks.pop()
         self.mask_depth -= 1
         self.body = saved
+        other_str = cpp_constant(other, torch.bool if isinstance(other, bool) else (torch.float64 if isinstance(other, float) else torch.int64))
+        text = inner.getvalue()
+        if "mi_err" not in text and "[&]" not in text:
+            self.body.splice(inner)
+            return self.cse.generate(self.body, f"{mask} ? {value} : static_cast<decltype({value})>({other_str})")
         fn = self.cse.newvar()
         self.body.writeline(f"auto {fn} = [&]() {{")
         with self.body.indent(open_brace=False):
             self.body.splice(inner)
             self.body.writeline(f"return {value};")
         self.body.writeline("};")
-        other_str = cpp_constant(other, torch.bool if isinstance(other, bool) else (torch.float64 if isinstance(other, float) else torch.int64))
         return self.cse.generate(self.body, f"{mask} ? {fn}() : static_cast<decltype({fn}())>({other_str})")
 
     def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, rtype: str, value: str) -> Any:
@@ -654,6 +667,15 @@ class StagedTile:
                 for name, _, source in self.fills:
                     code.writeline(f"{name}[mi_b][mi_a] = {source};")
         code.writeline("}")
+
+
+def _masked_index(mask: str, index_str: str, index: Expr) -> str:
+    """A unit-stride index as a select (GCC turns it into a masked vector load); any other
+    as a bitwise select (a gather: GCC has no strided masked load)."""
+    expr = sympy.sympify(index)
+    if any(expr.coeff(v) == 1 for v in expr.free_symbols):
+        return f"{mask} ? {index_str} : 0"
+    return f"mi_masked_index({mask}, {index_str})"
 
 
 def _combine(mode: str, current: str, value: str) -> str:

@@ -13,6 +13,9 @@ template <typename A> struct mi_same<A, A> { static constexpr bool value = true;
 
 static inline int64_t mi_min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t mi_max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+// the index of a masked load: element 0 where the mask is off, so the load can run
+// unconditionally (a bitwise select keeps it branch-free: a vectorized gather)
+static inline int64_t mi_masked_index(bool mask, int64_t index) { return index & -static_cast<int64_t>(mask); }
 
 #define MI_INF __builtin_inf()
 #define MI_NAN __builtin_nan("")
