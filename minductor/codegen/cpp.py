@@ -512,6 +512,12 @@ class CppKernel:
 
     def _emit_lane_nest(self, code: CodeBuffer, dims: MergedDims, thread_chunk: bool) -> None:
         *outer_dims, last = list(zip(dims.variables, dims.sizes))
+        # the scalar tail accumulates into its own variables: sharing lane 0 with the vector loop
+        # keeps the lanes in memory across rows (short rows of window reductions: ~20% slower)
+        tail = self._tail_body() if not self.welford_accs else None
+        if tail is not None:
+            for acc, acc_type, init, _ in self.accumulators:
+                code.writeline(f"{acc_type} {acc}_tail = {init};")
         for var, size in outer_dims:
             code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
             code.writeline("{")
@@ -537,9 +543,11 @@ class CppKernel:
         code.writeline(f"for (int64_t {var} = mi_main; {var} < {end}; {var}++)")
         with code.indent():
             code.writeline("const int64_t mi_lane = 0;")
-            if self.welford_accs:
+            if tail is not None:
+                code.splice(tail)
+            else:
                 code.writeline(f"const double mi_rw = 1.0 / static_cast<double>((mi_main - {begin}) / {lanes} + ({var} - mi_main) + 1);")
-            code.splice(self.body)
+                code.splice(self.body)
         for _ in outer_dims:
             code._indent -= 1
             code.writeline("}")
@@ -552,6 +560,17 @@ class CppKernel:
         for acc, acc_type, _, combine in self.accumulators:
             code.writeline(f"{acc_type} {acc} = {acc}_lanes[0];")
             code.writeline(f"for (int mi_l = 1; mi_l < {lanes}; mi_l++) {acc} = {combine.format(a=acc, b=f'{acc}_lanes[mi_l]')};")
+            if tail is not None:
+                code.writeline(f"{acc} = {combine.format(a=acc, b=f'{acc}_tail')};")
+
+    def _tail_body(self) -> CodeBuffer:
+        """The loop body with every accumulator lane replaced by the accumulator's scalar tail."""
+        tail = CodeBuffer()
+        for line in self.body.lines:
+            for acc, *_ in self.accumulators:
+                line = line.replace(f"{acc}_lanes[mi_lane]", f"{acc}_tail")
+            tail.lines.append(line)
+        return tail
 
     def _tmp_counter(self) -> int:
         return getattr(self, "_tmp_counter_value", 0)
