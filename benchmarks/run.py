@@ -45,16 +45,27 @@ def bench_speed(with_inductor: bool, names: list[str]) -> None:
 
 
 def bench_compile(with_inductor: bool) -> None:
-    print("== compile latency (fresh process, empty caches)")
-    backends = ["minductor"] + (["inductor"] if with_inductor else [])
+    """Cold compile (fresh process, empty caches) of minductor and TorchInductor; minductor warm
+    (a second fresh process over the first one's cache); Dynamo alone (backend "eager")."""
+    print("== compile latency (first call, fresh process; cold = empty caches, warm = caches of a previous process)")
+
+    def child(backend: str, case: str, cache: str) -> float:
+        env = dict(os.environ, MINDUCTOR_CACHE_DIR=cache, TORCHINDUCTOR_CACHE_DIR=cache)
+        out = subprocess.run([sys.executable, "-c", COMPILE_CHILD, backend, case], env=env,
+                             capture_output=True, text=True, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
     for case in ["pointwise3", "ops50", "mlp_fw_bw"]:
-        row = []
-        for backend in backends:
+        with tempfile.TemporaryDirectory() as tmp:
+            dynamo = child("eager", case, tmp)
+            cold = child("minductor", case, tmp)
+            warm = child("minductor", case, tmp)
+        row = [f"dynamo alone {dynamo:.2f} s", f"minductor cold {cold:.2f} s",
+               f"warm {warm:.2f} s (+{warm - dynamo:.2f} s over dynamo)"]
+        if with_inductor:
             with tempfile.TemporaryDirectory() as tmp:
-                env = dict(os.environ, MINDUCTOR_CACHE_DIR=tmp, TORCHINDUCTOR_CACHE_DIR=tmp)
-                out = subprocess.run([sys.executable, "-c", COMPILE_CHILD, backend, case], env=env,
-                                     capture_output=True, text=True, check=True)
-                row.append(f"{backend} {json.loads(out.stdout.strip().splitlines()[-1]):.2f} s")
+                inductor = child("inductor", case, tmp)
+            row.append(f"inductor cold {inductor:.2f} s (minductor/inductor {cold / inductor:.2f})")
         print(f"{case}: " + " | ".join(row), flush=True)
 
 
