@@ -189,9 +189,23 @@ def test_matmul_result_read_twice_is_stored() -> None:
     check(lambda a, b: ((a @ b).relu(), (a @ b).sum(0), a.t() @ a), a, b, rtol=1e-4, atol=1e-4)
 
 
-def test_bmm_stays_extern() -> None:
-    x, y = torch.randn(3, 8, 5), torch.randn(3, 5, 6)
-    check(lambda x, y: torch.bmm(x, y).relu(), x, y, rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("case", ["plain", "bias_relu", "residual_transposed"])
+def test_bmm_template(case: str) -> None:
+    """bmm through the template (one batch per program on grid axis 2), odd sizes, strided operands."""
+    x, y = torch.randn(3, 33, 45), torch.randn(3, 45, 17)
+    bias, res = torch.randn(17), torch.randn(3, 33, 17)
+    fns = {
+        "plain": lambda x, y, bias, res: torch.bmm(x, y),
+        "bias_relu": lambda x, y, bias, res: torch.relu(torch.bmm(x, y) + bias),
+        "residual_transposed": lambda x, y, bias, res: torch.bmm(y.transpose(1, 2), x.transpose(1, 2)).transpose(1, 2)
+        + res,
+    }
+    check(fns[case], x, y, bias, res, rtol=1e-4, atol=1e-4)
+    srcs = [s for s in sources(fns[case], x, y, bias, res) if "tl.dot(" in s]
+    assert len(srcs) == 1 and "tl.program_id(2)" in srcs[0], srcs
+    if case != "plain":  # the epilogue reads the accumulator: one store, of the final value
+        assert srcs[0].count("tl.store(") == 1, srcs[0]
+    assert not metrics.fallback_ops
 
 
 def test_bench_runner_reports_that_triton_timing_needs_a_gpu() -> None:
@@ -232,6 +246,7 @@ def test_generated_kernels_compile_for_a_gpu(tmp_path: Any) -> None:
         (lambda x: (x.to(torch.bfloat16) * 2, x.half().sum(-1)), x),
         (lambda x: torch.nn.functional.pad(x, (1, 2)) // 3, x),
         (lambda a, b, bias: torch.relu(torch.addmm(bias, a, b)), torch.randn(37, 50), torch.randn(50, 70), torch.randn(70)),
+        (lambda a, b: torch.bmm(a, b.transpose(1, 2)) * 2, torch.randn(3, 33, 45), torch.randn(3, 17, 45)),
     ]
     wrapper.load_wrapper = spy
     try:
@@ -246,6 +261,7 @@ def test_generated_kernels_compile_for_a_gpu(tmp_path: Any) -> None:
     specs = [{"name": k.name, "source": k.source, "signature": k.triton_signature[0], "constexprs": k.triton_signature[1]}
              for k in kernels]
     assert any("tl.dot(" in s["source"] for s in specs) and any("tl.atomic_add(" in s["source"] for s in specs)
+    assert any("tl.program_id(2)" in s["source"] for s in specs), "the bmm template is compiled too"
     assert any("i64" in s["signature"].values() for s in specs), "a symbolic size is a kernel argument"
     path = tmp_path / "kernels.json"
     path.write_text(json.dumps(specs))

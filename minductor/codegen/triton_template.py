@@ -1,8 +1,10 @@
-"""The Triton matmul template: ``mm``/``addmm`` as a blocked ``tl.dot`` kernel with the pointwise
-group that consumes its result fused in as an epilogue.
+"""The Triton matmul template: ``mm``/``addmm``/``bmm`` as a blocked ``tl.dot`` kernel with the
+pointwise group that consumes its result fused in as an epilogue (bmm: one batch per program
+along the grid's third axis).
 
-The lowering keeps mm/addmm extern calls; the wrapper asks ``plan_templates`` which of them to
-generate here instead (Triton selected, 2-D, float32/float16, static sizes, strided inputs). A template whose result is read only by the very next pointwise group over the same
+The lowering keeps mm/addmm/bmm extern calls; the wrapper asks ``plan_templates`` which of them to
+generate here instead (Triton selected, float32/float16, static sizes, strided inputs). A
+template whose result is read only by the very next pointwise group over the same
 ``M x N`` range -- elementwise, with nothing in between touching its inputs -- is emitted at that
 group's place, the epilogue reading the accumulator instead of memory; the mm result is stored
 only if someone else reads it. Everything else stays an extern (aten) call.
@@ -60,16 +62,19 @@ def _operand(node: Any) -> tuple[str, list[int], list[int], int] | None:
 
 
 def template_fits(node: Any) -> bool:
-    if not isinstance(node, ExternKernelOut) or node.op not in (aten.mm.out, aten.addmm.out):
+    if not isinstance(node, ExternKernelOut) or node.op not in (aten.mm.out, aten.addmm.out, aten.bmm.out):
         return False
     device = node.get_device()
     if device.type != "cuda" and config.cpu_backend != "triton":
         return False
     mats = node.args[-2:]
     ops = [_operand(m) for m in mats]
-    if any(o is None or len(o[1]) != 2 for o in ops) or node.get_dtype() not in _DTYPES:
+    rank = 3 if node.op is aten.bmm.out else 2
+    if any(o is None or len(o[1]) != rank for o in ops) or node.get_dtype() not in _DTYPES:
         return False
-    if any(m.get_dtype() != node.get_dtype() for m in mats) or ops[0][1][1] == 0:
+    if rank == 3 and ops[0][1][0] != ops[1][1][0]:
+        return False
+    if any(m.get_dtype() != node.get_dtype() for m in mats) or ops[0][1][-1] == 0:
         return False
     if node.op is aten.addmm.out:
         bias = _operand(node.args[0])
@@ -82,7 +87,7 @@ def _epilogue_fits(mm: ExternKernelOut, group: FusedGroup) -> bool:
     size = [int(s) for s in mm.layout.size]
     if group.has_reduction() or group.has_mutation() or 1 in size or list(group.outer) != [sympy.Integer(s) for s in size]:
         return False
-    want = mm.layout.make_indexer()(make_vars("x", 2))
+    want = mm.layout.make_indexer()(make_vars("x", len(size)))
     for node in group.nodes:
         if node.pw_ranges != group.outer:
             return False
@@ -128,38 +133,41 @@ class TritonTemplateKernel(TritonKernel):
 
     def generate(self) -> KernelCode:
         mm = self.plan.mm
-        m, n = (int(s) for s in mm.layout.size)
+        *batch, m, n = (int(s) for s in mm.layout.size)
         a_name, _, sa, a_off = _operand(mm.args[-2])
         b_name, _, sb, b_off = _operand(mm.args[-1])
-        k = int(_operand(mm.args[-2])[1][1])
+        k = int(_operand(mm.args[-2])[1][-1])
         bm, bn, bk = (min(64, max(16, next_power_of_2(s))) for s in (m, n, k))
         self.two_d, self.n_outer = True, 2
         state = LoopState("RBLOCK0", False, CodeBuffer(), CodeBuffer(), CodeBuffer())
         self.loop, self.out = state, state.body
-        x0, x1 = make_vars("x", 2)
-        for v, s, d in ((x0, m, X), (x1, n, R)):
+        # bmm: x0 is the batch (one per program along grid axis 2, a scalar), rows and columns follow
+        *zs, xm, xn = make_vars("x", 2 + len(batch))
+        for v, s, d in [*((z, b, frozenset()) for z, b in zip(zs, batch)), (xm, m, X), (xn, n, R)]:
             self.range_of[v] = sympy.Integer(s)
             self.var_dims[v.name] = d
         a, b = self.args.input(a_name), self.args.input(b_name)
+        za = "".join(f"{z} * {st} + " for z, st in zip(zs, sa[:-2]))
+        zb = "".join(f"{z} * {st} + " for z, st in zip(zs, sb[:-2]))
         precision = ', input_precision="ieee"' if mm.get_dtype() == torch.float32 else ""
         body = state.body
         body.writeline("acc = tl.zeros([XBLOCK, RBLOCK0], tl.float32)")
         body.writeline(f"for koffset in range(0, {k}, KBLOCK):")
         body.writeline("    kindex = koffset + tl.arange(0, KBLOCK)")
-        body.writeline(f"    a = tl.load({a} + ({a_off} + x0 * {sa[0]} + kindex[None, :] * {sa[1]}), "
+        body.writeline(f"    a = tl.load({a} + ({a_off} + {za}{xm} * {sa[-2]} + kindex[None, :] * {sa[-1]}), "
                        f"xmask & (kindex[None, :] < {k}), other=0)")
-        body.writeline(f"    b = tl.load({b} + ({b_off} + kindex[:, None] * {sb[0]} + x1 * {sb[1]}), "
+        body.writeline(f"    b = tl.load({b} + ({b_off} + {zb}kindex[:, None] * {sb[-2]} + {xn} * {sb[-1]}), "
                        f"(kindex[:, None] < {k}) & rmask, other=0)")
         body.writeline(f"    acc += tl.dot(a, b{precision})")
         with V.set_ops(TritonOps(self)), V.set_kernel(self):
-            value = self._mm_value(TV("acc", torch.float32, X | R), x0, x1)
-            index = mm.layout.make_indexer()([x0, x1])
+            value = self._mm_value(TV("acc", torch.float32, X | R), xm, xn)
+            index = mm.layout.make_indexer()([*zs, xm, xn])
             if self.plan.epilogue is None or self.plan.store_mm:
                 self.store(mm.name, index, value, None)
             self.store_cache[(mm.name, self.index_str(index)[0])] = V.ops.to_dtype(value, mm.get_dtype())
             for node in self.group.nodes:
-                node.run([x0, x1], [])
-        return self._render(state, m, n, bm, bn, bk)
+                node.run([*zs, xm, xn], [])
+        return self._render(state, [*zs, xm, xn], batch, m, n, bm, bn, bk)
 
     def _mm_value(self, acc: TV, x0: sympy.Symbol, x1: sympy.Symbol) -> TV:
         mm = self.plan.mm
@@ -178,7 +186,8 @@ class TritonTemplateKernel(TritonKernel):
             return value
         return ops.add(value, bias if beta == 1 else ops.mul(bias, ops.constant(beta, torch.float32)))
 
-    def _render(self, state: LoopState, m: int, n: int, bm: int, bn: int, bk: int) -> KernelCode:
+    def _render(self, state: LoopState, xs: list[sympy.Symbol], batch: list[int], m: int, n: int,
+                bm: int, bn: int, bk: int) -> KernelCode:
         origins = sorted({o for nd in self.group.nodes for o in nd.node.origins} | {"mm"})[:6]
         name = "triton_tem_fused_" + "_".join([*origins, str(self.index)])
         buffers = self.args.call_order()
@@ -190,17 +199,20 @@ class TritonTemplateKernel(TritonKernel):
         src.writeline(f"def {name}({', '.join(params)}):")
         with src.indent(open_brace=False):
             src.writeline(f"# matmul {self.plan.mm.name}{' + epilogue ' + ', '.join(self.group.names()) if self.group.nodes else ''}")
+            *zs, xm, xn = xs
+            for z in zs:
+                src.writeline(f"{z} = tl.program_id(2)")
             src.writeline("xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
             src.writeline(f"xmask = xindex < {m}")
-            src.writeline("x0 = xindex")
+            src.writeline(f"{xm} = xindex")
             src.writeline("rindex = tl.program_id(1) * RBLOCK0 + tl.arange(0, RBLOCK0)[None, :]")
             src.writeline(f"rmask = rindex < {n}")
-            src.writeline("x1 = rindex")
+            src.writeline(f"{xn} = rindex")
             src.splice(state.body)
-        grid = f"(triton.cdiv({m}, {bm}), triton.cdiv({n}, {bn}))"
+        grid = f"(triton.cdiv({m}, {bm}), triton.cdiv({n}, {bn}){''.join(f', {b}' for b in batch)})"
         args = [buf for buf, _, _ in buffers] + [f"XBLOCK={bm}", f"RBLOCK0={bn}", f"KBLOCK={bk}", "num_warps=4"]
         call = f"{name}[{grid}]({', '.join(args)})"
-        if m == 0 or n == 0:
+        if m == 0 or n == 0 or 0 in batch:
             call = "pass  # empty matmul"
         return self.kernel_code(name, src.getvalue(), call, [], {"XBLOCK": bm, "RBLOCK0": bn, "KBLOCK": bk})
 
