@@ -49,6 +49,9 @@ scan_rnn: bool = _env_bool("MINDUCTOR_SCAN_RNN")
 # With Triton kernels (CUDA tensors, or cpu_backend "triton"): generate mm/addmm as a Triton
 # matmul template with the following pointwise group fused in, where shapes and dtypes allow.
 triton_mm_template: bool = True
+# Triton kernels try a few block sizes / warp counts on their first call per size and keep the
+# fastest (timed with triton.testing.do_bench; GPU only: elsewhere the heuristic config runs).
+triton_autotune: bool = _env_bool("MINDUCTOR_TRITON_AUTOTUNE")
 # Run random ops (rand, dropout) through aten so results match eager bit for bit.
 fallback_random: bool = False
 # Check indirect indices (gather, index, scatter...) in generated code and raise IndexError like

@@ -270,3 +270,79 @@ def test_generated_kernels_compile_for_a_gpu(tmp_path: Any) -> None:
                           text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("-> cubin") == len(specs), proc.stdout
+
+
+@pytest.mark.parametrize("case", ["looped_reduction", "bmm_template"])
+def test_autotune_tries_every_candidate_and_caches_the_winner(case: str) -> None:
+    """config.triton_autotune with an injected timer (GPU timing is not possible here): each
+    candidate configuration in turn is made the fastest; the launch that follows uses it and must
+    match eager, and a second call reuses the cached winner without timing again."""
+    from minductor import config
+    from minductor.runtime import triton_autotune
+
+    x, a, b = torch.randn(5, 1500), torch.randn(2, 20, 36), torch.randn(2, 36, 24)
+    fn, args = {
+        "looped_reduction": (lambda x: (x.sin().sum(-1), x.amax(-1)), (x,)),
+        "bmm_template": (lambda a, b: torch.bmm(a, b).relu(), (a, b)),
+    }[case]
+    seen: list[int] = []
+    prefer = [0]
+
+    def timer(run: Any) -> float:
+        run()
+        seen.append(1)
+        return 0.0 if len(seen) - 1 == prefer[0] else 1.0
+
+    try:
+        config.triton_autotune = True
+        triton_autotune.set_timer(timer)
+        compiled = torch.compile(fn, backend="minductor")
+        expected = fn(*args)
+        torch.testing.assert_close(compiled(*args), expected, rtol=1e-4, atol=1e-4)
+        (key,) = triton_autotune._winners
+        n = len(seen)
+        assert n > 2, "several candidates were timed"
+        winners = set()
+        for k in range(n):
+            triton_autotune.clear_cache()
+            seen.clear()
+            prefer[0] = k
+            torch.testing.assert_close(compiled(*args), expected, rtol=1e-4, atol=1e-4)
+            assert len(seen) == n
+            winners.add(tuple(sorted(triton_autotune._winners[key].items())))
+        assert len(winners) == n, "every candidate was launched as the winner once"
+        seen.clear()
+        torch.testing.assert_close(compiled(*args), expected, rtol=1e-4, atol=1e-4)
+        assert not seen, "the cached winner is reused"
+    finally:
+        config.triton_autotune = False
+        triton_autotune.set_timer(None)
+        triton_autotune.clear_cache()
+
+
+def test_autotune_skips_kernels_that_update_in_place() -> None:
+    """Atomic scatter-adds change their output on every launch: never benchmarked."""
+    from minductor import config
+
+    from minductor.codegen import wrapper
+
+    x, idx, src = torch.randn(6, 40), torch.randint(0, 40, (6, 5)), torch.randn(6, 5)
+    kernels: list[Any] = []
+    original = wrapper.load_wrapper
+
+    def spy(module: Any, dump: Any) -> Any:
+        kernels.extend(k for k in module.kernels if k.backend == "triton")
+        return original(module, dump)
+
+    fn = lambda x, i, s: (x.scatter_add(1, i, s), x.cos())  # noqa: E731
+    try:
+        config.triton_autotune = True
+        wrapper.load_wrapper = spy
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(fn, backend="minductor")(x, idx, src), fn(x, idx, src))
+    finally:
+        config.triton_autotune = False
+        wrapper.load_wrapper = original
+    atomic = [k for k in kernels if "tl.atomic_add(" in k.source]
+    assert atomic and all("autotune_launch(" not in k.call for k in atomic)
+    assert any("autotune_launch(" in k.call for k in kernels if k not in atomic), "the other kernels are tuned"

@@ -15,15 +15,17 @@ the masks their index needs and pointers broadcast to the value they store.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from typing import Any
 
 import sympy
 import torch
 
+from minductor import config as settings
 from minductor.codegen.common import CodeBuffer, KernelArgs, KernelCode, py_index
 from minductor.codegen.cpp import Loop, _joins
-from minductor.codegen.triton_heuristics import BlockConfig, pick_config
+from minductor.codegen.triton_heuristics import BlockConfig, candidate_configs, next_power_of_2, pick_config
 from minductor.codegen.triton_ops import TRITON_TYPES, TV, TritonOps, compute_dtype, triton_constant
 from minductor.ir.indexing import FloorDiv, ModularIndexing, affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.scheduler.deps import MemoryDep
@@ -395,6 +397,14 @@ class TritonKernel:
         consts = [f"XBLOCK={config.xblock}"] + [f"RBLOCK{i}={b}" for i, b in enumerate(config.rblocks) if b is not None]
         grid = f"(triton.cdiv({py_index(xnumel)}, {config.xblock}),)"
         call = f"{name}[{grid}]({', '.join(launch_args + consts + [f'num_warps={config.num_warps}'])})"
+        if self.autotunable(src.getvalue()):
+            base = {"XBLOCK": config.xblock} | {f"RBLOCK{i}": b for i, b in enumerate(config.rblocks) if b is not None}
+            limits = {"XBLOCK": next_power_of_2(int(V.graph.sizevars.hint(xnumel)))}
+            for i, (b, lp) in enumerate(zip(config.rblocks, config.looped)):
+                if b is not None and lp:  # a persistent row must stay whole
+                    limits[f"RBLOCK{i}"] = next_power_of_2(int(V.graph.sizevars.hint(_numel(loops[i].pw_inner + loops[i].red))))
+            grid_fn = f"lambda c: (triton.cdiv({py_index(xnumel)}, c['XBLOCK']),)"
+            call = autotune_call(name, src.getvalue(), grid_fn, launch_args, candidate_configs(base, config.num_warps, limits))
         if self.uses_error_flag:
             device = buffers[0][0]
             call = (f"mi_err = torch.zeros(1, dtype=torch.int64, device={device}.device); {call}; "
@@ -414,6 +424,10 @@ class TritonKernel:
             signature["mi_err"] = "*i64"
         code.triton_signature = (signature | {k: "constexpr" for k in consts}, consts)  # type: ignore[attr-defined]
         return code
+
+    def autotunable(self, source: str) -> bool:
+        """``config.triton_autotune`` and a launch that can be repeated without changing the result."""
+        return settings.triton_autotune and not self.args.inplace and "tl.atomic_" not in source
 
     def _imports(self) -> list[str]:
         return [
@@ -438,6 +452,14 @@ class TritonKernel:
         else:
             kind = "red" if any(config.looped) else "per"
         return f"triton_{kind}_fused_" + "_".join(parts + [str(self.index)])
+
+
+def autotune_call(name: str, source: str, grid_fn: str, launch_args: list[str], candidates: list[dict[str, int]]) -> str:
+    """The wrapper line launching ``name`` through the autotuner (runtime/triton_autotune.py). The
+    winner is cached under the name and a digest of the source: kernels of other graphs may share
+    the name, and a persistent reduction's block must fit its own row."""
+    key = f"{name}-{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+    return f"autotune_launch({key!r}, {name}, {grid_fn}, ({', '.join(launch_args)},), {candidates!r})"
 
 
 def _interpreting() -> bool:

@@ -67,4 +67,27 @@ def pick_config(xnumel: sympy.Expr, inner_numels: list[sympy.Expr], two_d: bool,
     return BlockConfig(xblock, rblocks, looped, num_warps, big)
 
 
-__all__ = ["BlockConfig", "next_power_of_2", "pick_config"]
+MAX_CANDIDATES = 12
+
+
+def candidate_configs(base: dict[str, int], num_warps: int, limits: dict[str, int],
+                      min_block: int = 1) -> list[dict[str, int]]:
+    """Autotuning candidates around the heuristic ``base``: each block in ``limits`` halved or
+    doubled (within ``[min_block, limit]``), crossed with half and double the warps. The
+    heuristic configuration comes first (it is what runs when nothing can be timed)."""
+    first = base | {"num_warps": num_warps}
+    found = [first]
+    warps = [w for w in (num_warps, num_warps // 2, num_warps * 2) if 1 <= w <= 8]
+    for name, limit in limits.items():
+        for block in (base[name] // 2, base[name] * 2):
+            if not min_block <= block <= max(limit, min_block):
+                continue
+            for w in warps:
+                found.append(base | {name: block, "num_warps": w})
+    for w in warps[1:]:
+        found.append(base | {"num_warps": w})
+    unique = [dict(t) for t in dict.fromkeys(tuple(c.items()) for c in found)]
+    return unique[:MAX_CANDIDATES]
+
+
+__all__ = ["BlockConfig", "candidate_configs", "next_power_of_2", "pick_config"]

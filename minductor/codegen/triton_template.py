@@ -212,6 +212,14 @@ class TritonTemplateKernel(TritonKernel):
         grid = f"(triton.cdiv({m}, {bm}), triton.cdiv({n}, {bn}){''.join(f', {b}' for b in batch)})"
         args = [buf for buf, _, _ in buffers] + [f"XBLOCK={bm}", f"RBLOCK0={bn}", f"KBLOCK={bk}", "num_warps=4"]
         call = f"{name}[{grid}]({', '.join(args)})"
+        if self.autotunable(src.getvalue()):
+            from minductor.codegen.triton import autotune_call
+            from minductor.codegen.triton_heuristics import candidate_configs
+
+            limits = {"XBLOCK": min(128, max(16, next_power_of_2(m))), "RBLOCK0": min(128, max(16, next_power_of_2(n)))}
+            grid_fn = f"lambda c: (triton.cdiv({m}, c['XBLOCK']), triton.cdiv({n}, c['RBLOCK0']){''.join(f', {b}' for b in batch)})"
+            candidates = candidate_configs({"XBLOCK": bm, "RBLOCK0": bn, "KBLOCK": bk}, 4, limits, min_block=16)
+            call = autotune_call(name, src.getvalue(), grid_fn, [buf for buf, _, _ in buffers], candidates)
         if m == 0 or n == 0 or 0 in batch:
             call = "pass  # empty matmul"
         return self.kernel_code(name, src.getvalue(), call, [], {"XBLOCK": bm, "RBLOCK0": bn, "KBLOCK": bk})

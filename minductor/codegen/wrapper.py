@@ -259,6 +259,8 @@ def _render_module(body: CodeBuffer, kernels: list[KernelCode], constants: list[
     out.writeline("from minductor.runtime.helpers import assert_size_stride, check_index_error, reinterpret_tensor")
     out.writeline("")
     out.writeline("empty_strided = torch.empty_strided")
+    if any("autotune_launch(" in k.call for k in kernels if k.backend == "triton"):
+        out.writeline("from minductor.runtime.triton_autotune import autotune_launch")
     if pool_slots:
         out.writeline("from minductor.runtime.buffer_pool import BufferPool")
         out.writeline(f"mi_pool = BufferPool({pool_slots})  # large buffers kept across calls")
