@@ -63,7 +63,7 @@ def run_gru(seqs: list[int], skip_inductor_above: int, reps: int) -> None:
                 continue
             with tempfile.TemporaryDirectory() as tmp:
                 env = dict(os.environ, MINDUCTOR_CACHE_DIR=tmp, TORCHINDUCTOR_CACHE_DIR=tmp)
-                out = subprocess.run([sys.executable, "-c", GRU_CHILD, backend, str(seq), str(reps)], env=env,
+                out = subprocess.run([sys.executable, "-c", GRU_CHILD, backend, str(seq), str(reps)], env=env,  # noqa: PLW1510
                                      capture_output=True, text=True)
             if out.returncode != 0:
                 row.append(f"{backend}: failed ({out.stderr.strip().splitlines()[-1][:120]})")

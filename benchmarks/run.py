@@ -108,10 +108,10 @@ def bench_training(with_inductor: bool) -> None:
     cases = [("mlp", mlp, torch.randn(256, 256)), ("transformer_block", Block(), torch.randn(8, 128, 256))]
     for name, model, x in cases:
         row = []
-        variants = [("eager", None), ("minductor", dict(backend="minductor")),
-                    ("minductor_dynamic", dict(backend="minductor", dynamic=True))]
+        variants = [("eager", None), ("minductor", {"backend": "minductor"}),
+                    ("minductor_dynamic", {"backend": "minductor", "dynamic": True})]
         if with_inductor:
-            variants.append(("inductor", dict()))
+            variants.append(("inductor", {}))
         times = {}
         for label, kwargs in variants:
             torch._dynamo.reset()
@@ -119,7 +119,7 @@ def bench_training(with_inductor: bool) -> None:
             opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
             run = m if kwargs is None else torch.compile(m, **kwargs)
             _train_step(run, opt, x)
-            times[label] = median_time(lambda: _train_step(run, opt, x), 1.0)
+            times[label] = median_time(lambda: _train_step(run, opt, x), 1.0)  # noqa: B023
             row.append(f"{label} {times[label] * 1e3:.2f} ms")
         ratios = [f"{times['eager'] / times['minductor']:.2f}x eager",
                   f"dynamic/static {times['minductor_dynamic'] / times['minductor']:.2f}"]

@@ -149,7 +149,7 @@ class GraphLowering(torch.fx.Interpreter):
         meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
         if isinstance(value, TensorBox) and isinstance(value.data, StorageBox):
             value.data.realize()  # realize, but keep the layout open until strides are adopted
-            if isinstance(value.data.data, Buffer) and not isinstance(value.data.data, InputBuffer):
+            if isinstance(value.data.data, Buffer) and not isinstance(value.data.data, InputBuffer):  # noqa: SIM102
                 if isinstance(meta, torch.Tensor):
                     _adopt_strides(value.data.data, meta)
         out = realize_input(value)
@@ -260,7 +260,7 @@ def unsupported_reason(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
         if isinstance(x.storage_offset(), torch.SymInt):
             return "symbolic storage offset"
     for node in gm.graph.nodes:
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):  # noqa: SIM102
             if node.target._schema.is_mutable and node.target is not torch.ops.aten.copy_.default:
                 return f"in-graph mutation by {node.target}"
         val = node.meta.get("val")

@@ -25,7 +25,7 @@ def test_cli_tiny_suite_json_has_every_field(tmp_path) -> None:
     import sys
 
     out = tmp_path / "tiny.json"
-    proc = subprocess.run([sys.executable, "-m", "minductor.bench", "--suite", "tiny", "--no-inductor",
+    proc = subprocess.run([sys.executable, "-m", "minductor.bench", "--suite", "tiny", "--no-inductor",  # noqa: PLW1510
                            "--min-run-time", "0.01", "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -48,6 +48,6 @@ def test_dumped_wrapper_runs_standalone(tmp_path) -> None:
     with config.patch(debug=True, debug_dir=str(tmp_path)):
         torch.compile(lambda x: torch.softmax(x, -1) * 2, backend="minductor")(torch.randn(16, 24))
     code = next(tmp_path.glob("graph_*/output_code.py"))
-    proc = subprocess.run([sys.executable, str(code)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(code)], capture_output=True, text=True, timeout=300)  # noqa: PLW1510
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ms per call" in proc.stdout

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import LAYOUT_NAMES, check, check_named, make
 
 F32, F64, I32, I64, BOOL = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
@@ -82,7 +81,7 @@ def test_arange_int64_dtype_with_float_args() -> None:
 
 
 def test_empty_shape_and_dtype_only() -> None:
-    fn = lambda x: (torch.empty(3, 4), torch.empty_like(x), torch.empty((2,), dtype=I64),  # noqa: E731
+    fn = lambda x: (torch.empty(3, 4), torch.empty_like(x), torch.empty((2,), dtype=I64),
                     torch.empty_like(x, dtype=BOOL), x.new_empty((5, 1)), torch.empty_strided((2, 3), (1, 2)))
     x = make("transposed", F32)
     out = torch.compile(fn, backend="minductor")(x)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import check, make
+
 from minductor import metrics
 
 
@@ -26,7 +26,7 @@ def test_linalg_inv_between_lowered_ops() -> None:
 
 def test_sort_between_lowered_ops() -> None:
     x = make("contiguous", torch.float32)
-    check(lambda x: (lambda s: (s.values * 2 + 1, s.indices + 1))(torch.sort(x.sin(), dim=-1)), x)
+    check(lambda x: (lambda s: (s.values * 2 + 1, s.indices + 1))(torch.sort(x.sin(), dim=-1)), x)  # noqa: PLC3002
     assert metrics.fallback_ops["aten.sort"] >= 1, metrics.fallback_ops
     assert metrics.generated_kernel_count >= 2
 
@@ -59,7 +59,7 @@ def test_fallback_in_backward() -> None:
     """cumsum's backward (a flip-cumsum) inside the compiled backward graph."""
     x = torch.randn(4, 7, requires_grad=True)
     x2 = x.detach().clone().requires_grad_(True)
-    fn = lambda x: (torch.cumsum(x.sin(), 1) * 2).square().sum()  # noqa: E731
+    fn = lambda x: (torch.cumsum(x.sin(), 1) * 2).square().sum()
     torch.compile(fn, backend="minductor")(x).backward()
     fn(x2).backward()
     torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-5)

@@ -2,7 +2,8 @@
 lowered into fused kernels; out-of-range indices raise like eager."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch

@@ -133,7 +133,7 @@ def test_bounds_check_flag(tmp_path: Any) -> None:
     the generated code has no check (valid indices give the same results)."""
     from minductor import config
 
-    fn = lambda x, i: torch.gather(x, 0, i) * 2  # noqa: E731
+    fn = lambda x, i: torch.gather(x, 0, i) * 2
     x, i = torch.randn(3, 2), torch.tensor([[0, 2], [1, 0]])
     for flag in (True, False):
         torch._dynamo.reset()

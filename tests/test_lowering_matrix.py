@@ -209,7 +209,7 @@ def test_reductions(layout: str, dtype: torch.dtype) -> None:
     fns = reductions(x)
     if dtype == torch.bool:
         fns = {k: v for k, v in fns.items() if k in ("sum", "sum_0", "any", "all", "amax", "sum_float", "prod")}
-    check_all(fns, x, tol=dict(rtol=1e-5, atol=1e-5))
+    check_all(fns, x, tol={"rtol": 1e-5, "atol": 1e-5})
 
 
 def test_reductions_of_0d() -> None:
@@ -268,14 +268,14 @@ def test_matmul_family_as_externs() -> None:
         "bmm": lambda x, y: torch.bmm(x.expand(2, 5, 7), y.expand(2, 7, 3)),
         "baddbmm": lambda x, y: torch.baddbmm(torch.ones(2, 5, 3), x.expand(2, 5, 7), y.expand(2, 7, 3)),
         "conv": lambda x, y: F.conv2d(x.reshape(1, 1, 5, 7), y.reshape(1, 1, 7, 3)[:, :, :3, :3], padding=1),
-    }, a, b, tol=dict(rtol=1e-4, atol=1e-4))
+    }, a, b, tol={"rtol": 1e-4, "atol": 1e-4})
     assert not metrics.fallback_ops, metrics.fallback_ops
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 def test_half_precision_computes_in_float32_and_rounds_at_stores(dtype: torch.dtype) -> None:
     x = (torch.randn(16, 33) * 3).to(dtype)
-    tol = dict(rtol=2e-2, atol=2e-2)
+    tol = {"rtol": 2e-2, "atol": 2e-2}
     check_all({
         "chain": lambda t: (t.exp() * 2 + 1).sum(-1), "softmax": lambda t: torch.softmax(t, -1),
         "to_float": lambda t: t.float() + 1, "cast_back": lambda t: (t * 3).to(torch.float32),

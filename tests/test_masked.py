@@ -108,7 +108,7 @@ def test_masked_body_with_a_checked_division_stays_conditional(tmp_path: Any) ->
     from minductor import config
 
     a, b = torch.randint(-9, 9, (4, 6)), torch.randint(1, 5, (4, 6))
-    fn = lambda a, b: F.pad(a // b, (1, 1))  # noqa: E731
+    fn = lambda a, b: F.pad(a // b, (1, 1))
     with config.patch(debug=True, debug_dir=str(tmp_path)):
         torch.testing.assert_close(torch.compile(fn, backend="minductor")(a, b), fn(a, b))
     code = next(tmp_path.glob("graph_*/output_code.py")).read_text()

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import LAYOUT_NAMES, check, check_named, make
 
 F32, F64, I32, I64, BOOL = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
@@ -540,7 +539,7 @@ def test_type_promotion() -> None:
     for case, (fn, specs) in PROMOTION_CASES.items():
         first = len(inputs)
         inputs += [_promotion_input(spec, i) for i, spec in enumerate(specs)]
-        fns[case] = lambda *a, fn=fn, idx=range(first, len(inputs)): fn(*(a[i] for i in idx))
+        fns[case] = lambda *a, fn=fn, idx=range(first, len(inputs)): fn(*(a[i] for i in idx))  # noqa: B008
     check_named(fns, *inputs)
 
 
@@ -548,7 +547,7 @@ def test_python_scalars_as_graph_inputs() -> None:
     """Python numbers passed to the compiled function (Dynamo may turn them into graph inputs)."""
     x = make("transposed", F32)
     i = make("contiguous", I64)
-    fn = lambda x, i, s, f, b: (x * s + f, i * s, i + f, x + b, i * b, s - x, f / (i.abs() + 1))  # noqa: E731
+    fn = lambda x, i, s, f, b: (x * s + f, i * s, i + f, x + b, i * b, s - x, f / (i.abs() + 1))
     check(fn, x, i, 3, 0.5, True)
     check(fn, x, i, -7, 2.25, False)  # second call: Dynamo may recompile with symbolic ints/floats
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from conftest import LAYOUT_NAMES, check, check_named, make
 
 # every test runs with the C++ and the Triton (interpreter) code generator

@@ -18,7 +18,7 @@ from torch import nn
 from minductor import config, metrics
 from minductor.bench.workloads import Block
 
-TOL = dict(rtol=1e-4, atol=1e-5)
+TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
 @pytest.fixture(autouse=True)
@@ -103,9 +103,9 @@ def test_inference_graph_saves_nothing() -> None:
 
 
 @pytest.mark.parametrize("opt_cls,kwargs", [
-    (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
-    (torch.optim.Adam, dict(lr=1e-2)),
-    (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
+    (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+    (torch.optim.Adam, {"lr": 1e-2}),
+    (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}),
 ], ids=["sgd_momentum", "adam", "adamw"])
 def test_training_steps_match_eager(opt_cls: type, kwargs: dict[str, Any]) -> None:
     torch.manual_seed(0)

@@ -266,7 +266,7 @@ def test_generated_kernels_compile_for_a_gpu(tmp_path: Any) -> None:
     path = tmp_path / "kernels.json"
     path.write_text(json.dumps(specs))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
-    proc = subprocess.run([sys.executable, "-m", "minductor.runtime.triton_aot", str(path)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "minductor.runtime.triton_aot", str(path)], capture_output=True,  # noqa: PLW1510
                           text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("-> cubin") == len(specs), proc.stdout
@@ -323,7 +323,6 @@ def test_autotune_tries_every_candidate_and_caches_the_winner(case: str) -> None
 def test_autotune_skips_kernels_that_update_in_place() -> None:
     """Atomic scatter-adds change their output on every launch: never benchmarked."""
     from minductor import config
-
     from minductor.codegen import wrapper
 
     x, idx, src = torch.randn(6, 40), torch.randint(0, 40, (6, 5)), torch.randn(6, 5)
@@ -334,7 +333,7 @@ def test_autotune_skips_kernels_that_update_in_place() -> None:
         kernels.extend(k for k in module.kernels if k.backend == "triton")
         return original(module, dump)
 
-    fn = lambda x, i, s: (x.scatter_add(1, i, s), x.cos())  # noqa: E731
+    fn = lambda x, i, s: (x.scatter_add(1, i, s), x.cos())
     try:
         config.triton_autotune = True
         wrapper.load_wrapper = spy

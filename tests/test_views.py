@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from conftest import check, check_named, make
 
 F32, I64, BOOL = torch.float32, torch.int64, torch.bool

@@ -65,7 +65,7 @@ def bench_dump(directory: Path, min_run_time: float) -> None:
         exec(compile(source, str(code), "exec"), namespace)  # noqa: S102 - a generated wrapper
         args = namespace["make_inputs"]()
         module = type("Module", (), {"source": source, "constants": namespace.get("constants", {})})
-        print(f"{code.parent.name}: whole graph {median_time(lambda: namespace['call'](list(args)), min_run_time) * 1e3:.3f} ms")
+        print(f"{code.parent.name}: whole graph {median_time(lambda: namespace['call'](list(args)), min_run_time) * 1e3:.3f} ms")  # noqa: B023
         for k in time_kernels(module, args, min_run_time / 5):
             print(f"    {k.name}: {k.seconds * 1e6:9.1f} us  {k.gbps:6.1f} GB/s  {100 * k.gbps / bandwidth:5.1f}% of bandwidth")
 

@@ -176,10 +176,10 @@ def time_kernels(module: Any, args: Sequence[Any], min_run_time: float) -> list[
         if match:
             buffers = re.findall(r"c_void_p\((\w+)\.data_ptr\(\)\)", match.group(2))
             moved = sum(local[b].untyped_storage().nbytes() for b in buffers if b in local)
-            seconds = median_time(lambda line=line: exec(line, namespace, local), min_run_time)
+            seconds = median_time(lambda line=line: exec(line, namespace, local), min_run_time)  # noqa: S102
             out.append(KernelTiming(match.group(1), seconds, moved))
         else:
-            exec(line, namespace, local)
+            exec(line, namespace, local)  # noqa: S102
     return out
 
 
@@ -188,11 +188,11 @@ def _time_triton(name: str, line: str, namespace: dict[str, Any], local: dict[st
     tensors = [v for k, v in local.items() if isinstance(v, torch.Tensor) and re.search(rf"\b{k}\b", line)]
     moved = sum(t.untyped_storage().nbytes() for t in tensors)
     if not any(t.is_cuda for t in tensors):
-        exec(line, namespace, local)
+        exec(line, namespace, local)  # noqa: S102
         return KernelTiming(name, float("nan"), moved, NEEDS_GPU)
     from triton.testing import do_bench
 
-    ms = do_bench(lambda: exec(line, namespace, local))
+    ms = do_bench(lambda: exec(line, namespace, local))  # noqa: S102
     return KernelTiming(name, ms / 1e3, moved)
 
 

@@ -34,7 +34,7 @@ class FixedLayout:
     dtype: torch.dtype
     size: tuple[Expr, ...]
     stride: tuple[Expr, ...]
-    offset: Expr = sympy.Integer(0)
+    offset: Expr = sympy.Integer(0)  # noqa: RUF009
 
     def make_indexer(self) -> Callable[[Sequence[Expr]], Expr]:
         """Map a full index (one entry per dim) to a flat storage offset."""

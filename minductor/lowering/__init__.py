@@ -1,6 +1,15 @@
 """Lowerings, registered on import of their thematic modules."""
 from minductor.lowering import (  # noqa: F401
-    constructors, extern, indexing, pointwise, reduction, scan, scatter, views, windows, xla,
+    constructors,
+    extern,
+    indexing,
+    pointwise,
+    reduction,
+    scan,
+    scatter,
+    views,
+    windows,
+    xla,
 )
 from minductor.lowering.registry import SUPPORTED_DTYPES, Unsupported, lowerings
 

@@ -40,7 +40,7 @@ def main() -> None:
         try:
             stages = compile_for_gpu(k["name"], k["source"], k["signature"], k["constexprs"])
             print(f"ok {k['name']}: {' -> '.join(stages)}")
-        except Exception as e:  # report every kernel, fail at the end
+        except Exception as e:  # report every kernel, fail at the end  # noqa: BLE001
             failures += 1
             print(f"FAILED {k['name']}: {type(e).__name__}: {e}")
     sys.exit(1 if failures else 0)
