@@ -37,6 +37,27 @@ def test_chain_of_same_size_intermediates_uses_two_buffers(tmp_path) -> None:
     assert intermediates <= 2, code
 
 
+@pytest.mark.parametrize("case", ["softmax", "layer_norm_residual", "adaptive_avg_pool2d", "softmax_1d"])
+def test_reduction_results_used_only_in_their_kernel_stay_in_locals(case: str, tmp_path) -> None:
+    """The row max/sum of a softmax, the mean/rstd of a layer norm, the window sums of an adaptive
+    pool: one value per outer iteration, read back only by the same kernel -- kept in a local,
+    never allocated (only the graph outputs are)."""
+    w, b = torch.randn(96), torch.randn(96)
+    fns = {
+        "softmax": (lambda x: x.softmax(-1), torch.randn(64, 96)),
+        "layer_norm_residual": (lambda x: torch.nn.functional.layer_norm(x * 2 + 1, (96,), w, b), torch.randn(64, 96)),
+        "adaptive_avg_pool2d": (lambda x: torch.nn.functional.adaptive_avg_pool2d(x, 5), torch.randn(2, 3, 23, 19)),
+        "softmax_1d": (lambda x: x.log_softmax(0), torch.randn(300)),
+    }
+    fn, x = fns[case]
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        out = torch.compile(fn, backend="minductor")(x)
+    torch.testing.assert_close(out, fn(x), rtol=1e-5, atol=1e-5)
+    code = next(tmp_path.glob("graph_*/output_code.py")).read_text()
+    assert "kept in a local" in code, code
+    assert metrics.buffers_allocated == 1, code
+
+
 def random_program(rng: random.Random):
     """A random straight-line program over two (8, 12) inputs."""
     steps = []

@@ -133,6 +133,8 @@ class CppKernel:
         self.mask_depth = 0  # inside masked(): loads there must not run unconditionally
         self.masks: list[str] = []  # enclosing masks, innermost last
         self.uses_error_flag = False  # an indirect index is bounds-checked into mi_err[0]
+        self.internal: frozenset[str] = frozenset()  # written here, read nowhere else (wrapper)
+        self.local: dict[str, str] = {}  # of those, kept in a per-iteration local: name -> C++ name
 
     # -- handler callbacks ---------------------------------------------------------------
 
@@ -141,8 +143,10 @@ class CppKernel:
         return cpp_index(simplify_index(sympy.expand(expr), self.range_of))
 
     def load(self, name: str, index: Expr) -> str:
-        arg = self.args.input(name)
         dtype = V.graph.get_dtype(name)
+        if name in self.local:
+            return self.cse.generate(self.body, f"{self.local[name]}[0]")
+        arg = self.args.input(name)
         access = f"{arg}[{self.index_str(index)}]"
         if self.masks:  # masked-off lanes read element 0: the load may run unconditionally
             access = f"{arg}[{_masked_index(' && '.join(self.masks), self.index_str(index), index)}]"
@@ -157,8 +161,12 @@ class CppKernel:
         return self.cse.generate(self.body, access)
 
     def store(self, name: str, index: Expr, value: str, buffer: CodeBuffer, mode: str | None = None) -> None:
-        arg = self.args.output(name)
         dtype = V.graph.get_dtype(name)
+        if name in self.local:
+            assert mode is None, "locals hold reduction results only"
+            buffer.writeline(f"{self.local[name]}[0] = static_cast<{CPP_STORAGE_TYPES[dtype]}>({value});")
+            return
+        arg = self.args.output(name)
         if mode is not None:
             current = self.load(name, index) if buffer is self.body else None
             assert current is not None, "combining stores happen in loop bodies"
@@ -278,8 +286,29 @@ class CppKernel:
         if n_outer == 0 and only_reductions and parallel:
             self.emit_parallel_reduction(code, loops[0])
         else:
+            if self.tile_var is None and len(loops) > 1:
+                self.local = {b: f"mi_local{i}" for i, b in enumerate(self._register_results(n_outer))}
             self.emit_outer(code, merged_outer, loops, parallel)
         return self.render(code)
+
+    def _register_results(self, n_outer: int) -> list[str]:
+        """Internal buffers holding one reduction result per outer iteration, read back only at
+        that same element by later loop blocks: a local per iteration replaces the buffer (no
+        allocation, no memory traffic), e.g. the row max and sum of a softmax."""
+        outer_vars = set(make_vars("x", n_outer))
+        found = []
+        for node in self.group.nodes:
+            name = node.node.name
+            if name not in self.internal or not node.is_reduction() or node.node.mutates:
+                continue
+            writes = [d for d in node.read_writes.writes if d.name == name]
+            if len(writes) != 1 or not isinstance(writes[0], MemoryDep) or not writes[0].index.free_symbols <= outer_vars:
+                continue
+            index = writes[0].index
+            reads = [d for n in self.group.nodes for d in n.read_writes.reads if d.name == name]
+            if all(isinstance(d, MemoryDep) and sympy.expand(d.index - index) == 0 for d in reads):
+                found.append(name)
+        return found
 
     def emit_outer(self, code: CodeBuffer, outer: MergedDims, loops: list[Loop], parallel: bool) -> None:
         n = len(outer.variables)
@@ -315,7 +344,11 @@ class CppKernel:
             # (inlined together, later blocks lose vectorization to jump threading)
             loop_vars = [str(v) for v in outer.variables if v != self.tile_var]
             loop_vars += ["mi_tile", "mi_count"] if self.tile_var is not None else []
-            params = ", ".join(f"const int64_t {v}" for v in loop_vars)
+            params = ", ".join([f"const int64_t {v}" for v in loop_vars]
+                               + [f"{CPP_STORAGE_TYPES[V.graph.get_dtype(b)]}* __restrict__ {v}" for b, v in self.local.items()])
+            for b, v in self.local.items():
+                code.writeline(f"{CPP_STORAGE_TYPES[V.graph.get_dtype(b)]} {v}[1];  // {b}, kept in a local")
+            loop_vars += list(self.local.values())
             for loop in loops:
                 block = CodeBuffer()
                 self.emit_loop(block, outer, loop)

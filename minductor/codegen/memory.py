@@ -173,9 +173,11 @@ def _nbytes(key: Key | None) -> int:
 
 
 def plan_memory(graph: Any, units: list[Any], last_use: dict[str, int], outputs: set[str],
-                slots: PoolSlots | None = None) -> list[UnitPlan]:
+                slots: PoolSlots | None = None, local: set[str] | frozenset[str] = frozenset()) -> list[UnitPlan]:
+    """``local``: buffers kernels keep in locals (never allocated, never freed)."""
     slots = slots or PoolSlots()
-    allocs_by_unit = [allocated_buffers(u) for u in units]
+    allocs_by_unit = [[b for b in allocated_buffers(u) if b.name not in local] for u in units]
+    last_use = {name: i for name, i in last_use.items() if name not in local}
     ours = {b.name: b for bufs in allocs_by_unit for b in bufs}
     no_reuse = _no_reuse(graph, units)
     upcoming: collections.Counter[Key] = collections.Counter()

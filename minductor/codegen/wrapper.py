@@ -46,8 +46,10 @@ class WrapperModule:
     constants: dict[str, Any]  # tensors and callables the graph holds, bound by name at load
 
 
-def codegen_kernel(group: FusedGroup, index: int) -> KernelCode:
-    """Generate one fused group with the backend its device calls for."""
+def codegen_kernel(group: FusedGroup, index: int, internal: frozenset[str] = frozenset()) -> KernelCode:
+    """Generate one fused group with the backend its device calls for. ``internal``: buffers
+    this group writes that nothing else reads; the C++ kernel may keep them in locals (the
+    returned ``KernelCode.local_buffers``), and then they are never allocated."""
     device = group.nodes[0].node.get_device()
     if device.type == "cuda" or config.cpu_backend == "triton":
         try:
@@ -59,6 +61,7 @@ def codegen_kernel(group: FusedGroup, index: int) -> KernelCode:
         return codegen_triton_kernel(group, index)
     name = kernel_name(group, index)
     kernel = CppScanKernel(group, name) if group.has_scan() else CppKernel(group, name)
+    kernel.internal = internal
     source = kernel.generate()
     call_args = [f"c_void_p({buf}.data_ptr())" for buf, _, _ in kernel.args.call_order()]
     call_args += [f"c_int64({s})" for s in kernel.size_args]
@@ -66,7 +69,20 @@ def codegen_kernel(group: FusedGroup, index: int) -> KernelCode:
     if kernel.uses_error_flag:
         call = (f"mi_err = torch.zeros(1, dtype=torch.int64); {name}({', '.join([*call_args, 'c_void_p(mi_err.data_ptr())'])}); "
                 f"check_index_error(mi_err, {name!r})")
-    return KernelCode(name, "cpp", source, call, ".cpp")
+    code = KernelCode(name, "cpp", source, call, ".cpp")
+    code.local_buffers = frozenset(kernel.local)  # type: ignore[attr-defined]
+    return code
+
+
+def _internal_buffers(units: list[Any], i: int, last_use: dict[str, int], outputs: set[str]) -> frozenset[str]:
+    """Buffers written by group ``units[i]`` that die in it and no other unit reads."""
+    group = units[i]
+    names = {n.node.name for n in group.nodes if not n.node.mutates}
+    names = {b for b in names if b not in outputs and last_use.get(b) == i}
+    for j, unit in enumerate(units):
+        if j != i:
+            names -= unit.read_names()
+    return frozenset(names)
 
 
 def _shape(values: Any) -> str:
@@ -126,22 +142,28 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
         if t.epilogue is not None:  # the matmul runs at its epilogue: its inputs live until then
             for name in t.input_names():
                 last_use[name] = max(last_use.get(name, i), i)
-    plans = plan_memory(graph, scheduler.units, last_use, outputs, slots)
-    for i, (unit, plan) in enumerate(zip(scheduler.units, plans)):
-        for line in plan.allocs:
-            body.writeline(line)
+    # kernels first: a C++ kernel may keep a group-internal buffer in a local, which is then
+    # never allocated
+    kernel_of: dict[int, KernelCode] = {}
+    for i, unit in enumerate(scheduler.units):
         if i in templates:
             if templates[i].store_mm or templates[i].epilogue is not None:
                 from minductor.codegen.triton_template import codegen_template
 
-                kernel = codegen_template(templates[i], len(kernels))
-                kernels.append(kernel)
-                body.writeline(kernel.call)
+                kernel_of[i] = codegen_template(templates[i], len(kernels))
+                kernels.append(kernel_of[i])
         elif isinstance(unit, FusedGroup):
-            kernel = codegen_kernel(unit, len(kernels))
-            kernels.append(kernel)
-            body.writeline(kernel.call)
-        else:
+            internal = _internal_buffers(scheduler.units, i, last_use, outputs | set(graph.constants))
+            kernel_of[i] = codegen_kernel(unit, len(kernels), internal)
+            kernels.append(kernel_of[i])
+    local = set().union(*(getattr(k, "local_buffers", frozenset()) for k in kernels))
+    plans = plan_memory(graph, scheduler.units, last_use, outputs, slots, local)
+    for i, (unit, plan) in enumerate(zip(scheduler.units, plans)):
+        for line in plan.allocs:
+            body.writeline(line)
+        if i in kernel_of:
+            body.writeline(kernel_of[i].call)
+        elif i not in templates and not isinstance(unit, FusedGroup):
             _extern_call(body, unit, graph)
         for line in plan.frees:
             body.writeline(line)
