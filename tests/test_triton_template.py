@@ -1,0 +1,130 @@
+"""The Triton matmul template for bmm (batch on program axis 2; baddbmm decomposes into bmm + epilogue) and bf16,
+run in Triton's interpreter."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from minductor import config, metrics
+from tests.conftest import check
+
+
+@pytest.fixture(autouse=True)
+def _triton_backend() -> Any:
+    with config.patch(cpu_backend="triton"):
+        yield
+
+
+def wrapper_and_kernels(fn: Callable[..., Any], *args: Any) -> tuple[str, list[str]]:
+    """Compile ``fn``; return the wrapper module source and its Triton kernel sources."""
+    from minductor.codegen import wrapper
+
+    modules: list[Any] = []
+    original = wrapper.load_wrapper
+
+    def spy(module: Any, dump: Any) -> Any:
+        modules.append(module)
+        return original(module, dump)
+
+    wrapper.load_wrapper = spy
+    torch._dynamo.reset()
+    try:
+        torch.compile(fn, backend="minductor")(*args)
+    finally:
+        wrapper.load_wrapper = original
+    (module,) = modules
+    return module.source, [k.source for k in module.kernels if k.backend == "triton"]
+
+
+def assert_bmm_template(fn: Callable[..., Any], *args: Any, stores: int | None = None) -> str:
+    """One template kernel over a 3-D grid, no extern bmm/baddbmm call left in the wrapper."""
+    source, kernels = wrapper_and_kernels(fn, *args)
+    templates = [k for k in kernels if "tl.dot(" in k]
+    assert len(templates) == 1 and "def triton_tem_fused_" in templates[0], kernels
+    assert "tl.program_id(2)" in templates[0], templates[0]
+    call = source.split("def call(args):", 1)[1]
+    assert "aten.bmm" not in call and "aten.baddbmm" not in call, call
+    if stores is not None:
+        assert templates[0].count("tl.store(") == stores, templates[0]
+    assert not metrics.fallback_ops
+    return templates[0]
+
+
+B, M, N, K = 3, 33, 17, 45
+# plain bmm and bmm + bias + relu: tests/test_triton.py::test_bmm_template
+BMM_CASES: dict[str, Callable[..., Any]] = {
+    "residual": lambda a, b, bias, res: torch.bmm(a, b) + res,
+    "baddbmm_sigmoid": lambda a, b, bias, res: torch.baddbmm(res, a, b, beta=2.0, alpha=0.5).sigmoid(),
+    "baddbmm_broadcast_bias": lambda a, b, bias, res: torch.baddbmm(bias, a, b),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BMM_CASES))
+def test_bmm_template_with_epilogue(case: str) -> None:
+    """Odd sizes (no dimension a multiple of the block); the epilogue reads the accumulator."""
+    a, b = torch.randn(B, M, K), torch.randn(B, K, N)
+    bias, res = torch.randn(N), torch.randn(B, M, N)
+    fn = BMM_CASES[case]
+    check(fn, a, b, bias, res, rtol=1e-4, atol=1e-4)
+    # with an epilogue, the matmul result is never written: one store, of the final value
+    assert_bmm_template(fn, a, b, bias, res, stores=1)
+
+
+@pytest.mark.parametrize("layout", ["a_transposed", "b_transposed", "both_transposed", "sliced"])
+def test_bmm_template_strided_operands(layout: str) -> None:
+    a_t, b_t = torch.randn(B, K, M), torch.randn(B, N, K)
+    wide = torch.randn(B, M, 2 * K)
+    fns = {
+        "a_transposed": lambda a, b: torch.bmm(a.transpose(1, 2), b.transpose(1, 2).contiguous()).relu(),
+        "b_transposed": lambda a, b: torch.bmm(a.transpose(1, 2).contiguous(), b.transpose(1, 2)) * 3,
+        "both_transposed": lambda a, b: torch.bmm(a.transpose(1, 2), b.transpose(1, 2)),
+        "sliced": lambda a, b: torch.bmm(a[:, :, ::2][:, :, :K], b.transpose(1, 2)[:, :K]),
+    }
+    args = (wide, b_t) if layout == "sliced" else (a_t, b_t)
+    check(fns[layout], *args, rtol=1e-4, atol=1e-4)
+    assert_bmm_template(fns[layout], *args)
+
+
+def test_bmm_result_read_twice_is_stored() -> None:
+    a, b = torch.randn(2, 9, 12), torch.randn(2, 12, 7)
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.bmm(a, b)
+        return (y + 1).relu(), y.sum(-1)
+
+    check(fn, a, b, rtol=1e-4, atol=1e-4)
+    template = assert_bmm_template(fn, a, b)
+    assert "tl.store(" in template, template  # the sum reads the bmm result from memory
+
+
+def test_attention_scores_use_the_template() -> None:
+    """softmax(q @ k^T * scale) @ v: both matmuls are bmm templates (the first with its scale fused)."""
+    q, k, v = torch.randn(4, 10, 16), torch.randn(4, 10, 16), torch.randn(4, 10, 16)
+    fn = lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) * 0.25, -1) @ v
+    check(fn, q, k, v, rtol=1e-4, atol=1e-4)
+    source, kernels = wrapper_and_kernels(fn, q, k, v)
+    assert sum("tl.dot(" in s and "tl.program_id(2)" in s for s in kernels) == 2, kernels
+    assert "aten.bmm" not in source.split("def call(args):", 1)[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_bmm_template_half(dtype: torch.dtype) -> None:
+    """fp32 accumulation, the result rounded to the input dtype like eager, then the epilogue."""
+    a, b = torch.randn(B, M, K, dtype=dtype), torch.randn(B, K, N, dtype=dtype)
+    res = torch.randn(B, M, N, dtype=dtype)
+    fn = lambda a, b, res: (torch.bmm(a, b) + res).relu()
+    # one rounding step of the output dtype (eager rounds the bmm result, then the sum)
+    tol = 1e-2 if dtype == torch.float16 else 8e-2
+    check(fn, a, b, res, rtol=tol, atol=tol)
+    assert_bmm_template(fn, a, b, res, stores=1)
+
+
+def test_bf16_mm_template() -> None:
+    a, b = torch.randn(20, 40, dtype=torch.bfloat16), torch.randn(40, 24, dtype=torch.bfloat16)
+    fn = lambda a, b: (a @ b).float().tanh()
+    check(fn, a, b, rtol=2e-2, atol=2e-2)
+    _, kernels = wrapper_and_kernels(fn, a, b)
+    assert sum("tl.dot(" in k for k in kernels) == 1, kernels
