@@ -18,7 +18,7 @@ def _triton_backend() -> Any:
         yield
 
 
-def wrapper_and_kernels(fn: Callable[..., Any], *args: Any) -> tuple[str, list[str]]:
+def wrapper_and_kernels(fn: Callable[..., Any], *args: Any, dynamic: bool = False) -> tuple[str, list[str]]:
     """Compile ``fn``; return the wrapper module source and its Triton kernel sources."""
     from minductor.codegen import wrapper
 
@@ -32,7 +32,7 @@ def wrapper_and_kernels(fn: Callable[..., Any], *args: Any) -> tuple[str, list[s
     wrapper.load_wrapper = spy
     torch._dynamo.reset()
     try:
-        torch.compile(fn, backend="minductor")(*args)
+        torch.compile(fn, backend="minductor", dynamic=dynamic)(*args)
     finally:
         wrapper.load_wrapper = original
     (module,) = modules
@@ -128,3 +128,26 @@ def test_bf16_mm_template() -> None:
     check(fn, a, b, rtol=2e-2, atol=2e-2)
     _, kernels = wrapper_and_kernels(fn, a, b)
     assert sum("tl.dot(" in k for k in kernels) == 1, kernels
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bmm_template_several_tiles_and_k_steps(dtype: torch.dtype) -> None:
+    """M, N over one 64-wide tile and K = 150 (three K steps of 64, the last one partial)."""
+    a, b = torch.randn(2, 70, 150, dtype=dtype), torch.randn(2, 150, 90, dtype=dtype)
+    res = torch.randn(2, 70, 90, dtype=dtype)
+    fn = lambda a, b, res: (torch.bmm(a, b) + res).relu()
+    tol = 1e-4 if dtype == torch.float32 else 8e-2  # bf16: one rounding of the bmm result and of the sum
+    check(fn, a, b, res, rtol=tol, atol=tol)
+    template = assert_bmm_template(fn, a, b, res, stores=1)
+    assert "range(0, 150, KBLOCK)" in template and "triton.cdiv" not in template
+
+
+def test_symbolic_bmm_stays_extern() -> None:
+    """The template needs static sizes: a dynamic-shape bmm is an aten call, still exact."""
+    fn = lambda a, b: torch.bmm(a, b).relu()
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for bsz, m, k, n in [(2, 5, 7, 3), (3, 9, 11, 4), (4, 6, 13, 5)]:
+        a, b = torch.randn(bsz, m, k), torch.randn(bsz, k, n)
+        torch.testing.assert_close(compiled(a, b), fn(a, b), rtol=1e-5, atol=1e-5)
+    source, kernels = wrapper_and_kernels(fn, torch.randn(2, 5, 7), torch.randn(2, 7, 3), dynamic=True)
+    assert "aten.bmm.out(" in source and not any("tl.dot(" in k for k in kernels), source
