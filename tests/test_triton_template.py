@@ -151,3 +151,24 @@ def test_symbolic_bmm_stays_extern() -> None:
         torch.testing.assert_close(compiled(a, b), fn(a, b), rtol=1e-5, atol=1e-5)
     source, kernels = wrapper_and_kernels(fn, torch.randn(2, 5, 7), torch.randn(2, 7, 3), dynamic=True)
     assert "aten.bmm.out(" in source and not any("tl.dot(" in k for k in kernels), source
+
+
+def test_autotune_without_a_gpu_times_nothing(capsys: Any, tmp_path: Any) -> None:
+    """CPU tensors and no injected timer: the heuristic configuration runs untimed, is cached, and
+    the debug output says so once."""
+    from minductor.runtime import triton_autotune
+
+    a, b, x = torch.randn(2, 20, 36), torch.randn(2, 36, 24), torch.randn(4, 1500)
+    fn = lambda a, b, x: (torch.bmm(a, b).relu(), x.sin().sum(-1))
+    triton_autotune.clear_cache()
+    triton_autotune._noted_untimed = False
+    try:
+        with config.patch(triton_autotune=True, debug=True, debug_dir=str(tmp_path)):
+            source, _ = wrapper_and_kernels(fn, a, b, x)
+            check(fn, a, b, x, rtol=1e-4, atol=1e-4)
+        assert source.count("autotune_launch(") == 2, source
+        assert len(triton_autotune._winners) == 2
+        err = capsys.readouterr().err
+        assert err.count("nothing is timed") == 1, err
+    finally:
+        triton_autotune.clear_cache()

@@ -12,6 +12,7 @@ are never autotuned: repeated benchmark launches would change their results.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ Timer = Callable[[Callable[[], None]], float]
 
 _winners: dict[tuple[Any, ...], Config] = {}
 _timer: Timer | None = None
+_noted_untimed = False
 
 
 def set_timer(timer: Timer | None) -> None:
@@ -50,7 +52,23 @@ def _pick_timer(args: Sequence[Any]) -> Timer | None:
         return _timer
     if any(getattr(a, "is_cuda", False) for a in args):
         return _gpu_timer
+    _note_untimed()
     return None
+
+
+def _note_untimed() -> None:
+    """Say once per process that the flag has no effect here (printed when ``config.debug`` is on)."""
+    global _noted_untimed
+    if _noted_untimed:
+        return
+    _noted_untimed = True
+    from minductor import config
+
+    message = ("minductor: triton_autotune is on, but these Triton kernels do not run on a GPU: "
+               "nothing is timed, the heuristic block sizes run")
+    log.info(message)
+    if config.debug:
+        print(message, file=sys.stderr)
 
 
 def autotune_launch(name: str, kernel: Any, grid: Callable[[Config], tuple[int, ...]], args: Sequence[Any],
