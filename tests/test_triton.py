@@ -263,8 +263,9 @@ def test_generated_kernels_compile_for_a_gpu(tmp_path: Any) -> None:
     specs = [{"name": k.name, "source": k.source, "signature": k.triton_signature[0], "constexprs": k.triton_signature[1]}
              for k in kernels]
     assert any("tl.dot(" in s["source"] for s in specs) and any("tl.atomic_add(" in s["source"] for s in specs)
-    bmm = [s["source"] for s in specs if "tl.program_id(2)" in s["source"]]
-    assert len(bmm) == 3 and any('input_precision="tf32"' in s for s in bmm), "fp32, bf16 and fp16 bmm templates"
+    bmm = [s for s in specs if "tl.program_id(2)" in s["source"]]
+    dtypes = {t for s in bmm for t in s["signature"].values()}
+    assert len(bmm) == 3 and {"*fp32", "*bf16", "*fp16"} <= dtypes, "fp32, bf16 and fp16 bmm templates"
     assert any("i64" in s["signature"].values() for s in specs), "a symbolic size is a kernel argument"
     path = tmp_path / "kernels.json"
     path.write_text(json.dumps(specs))
@@ -273,6 +274,10 @@ def test_generated_kernels_compile_for_a_gpu(tmp_path: Any) -> None:
                           text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("-> cubin") == len(specs), proc.stdout
+    # fp16/bf16 templates multiply on tensor cores (fp32 ones stay exact: no tf32)
+    for kind in ("f32.f16.f16.f32", "f32.bf16.bf16.f32"):
+        assert f"mma.sync.aligned.m16n8k16.row.col.{kind}" in proc.stdout, proc.stdout
+    assert "tf32" not in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("case", ["looped_reduction", "bmm_template"])

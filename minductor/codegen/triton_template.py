@@ -9,10 +9,9 @@ that group's place, the epilogue reading the accumulator instead of memory; the 
 stored only if someone else reads it. Everything else stays an extern (aten) call.
 
 One program computes one ``[BLOCK_M, BLOCK_N]`` tile (program ids 0 and 1) of one batch entry
-(program id 2 for bmm), accumulating in float32. float16 tiles go to ``tl.dot`` as they
-are; bfloat16 tiles are widened to float32 and multiplied with ``input_precision="tf32"``: exact
-(tf32 keeps 10 mantissa bits, bf16 has 7), still on tensor cores on a GPU, and correct in Triton's
-interpreter, whose ``tl.dot`` multiplies bf16 blocks as their raw 16-bit patterns.
+(program id 2 for bmm), accumulating in float32. float16 and bfloat16 tiles go to ``tl.dot`` as
+they are (tensor-core MMA on a GPU; under Triton's interpreter, runtime/triton_helpers.py widens
+bf16 operands of ``tl.dot``, which the interpreter would otherwise multiply as raw bits).
 """
 from __future__ import annotations
 
@@ -184,13 +183,9 @@ class TritonTemplateKernel(TritonKernel):
                        f"xmask & (kindex[None, :] < {k}), other=0)")
         body.writeline(f"    b = tl.load({b} + ({b_base} + kindex[:, None] * {sb[-2]} + {cols} * {sb[-1]}), "
                        f"(kindex[:, None] < {k}) & rmask, other=0)")
-        dtype = mm.get_dtype()
-        if dtype == torch.float32:
-            body.writeline('    acc += tl.dot(a, b, input_precision="ieee")')
-        elif dtype == torch.bfloat16:  # see the module docstring
-            body.writeline('    acc += tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32")')
-        else:
-            body.writeline("    acc += tl.dot(a, b)")
+        # fp32 exactly as eager (no tf32); fp16/bf16 tiles straight into the MMA, fp32 accumulator
+        precision = ', input_precision="ieee"' if mm.get_dtype() == torch.float32 else ""
+        body.writeline(f"    acc += tl.dot(a, b{precision})")
 
     def _mm_value(self, acc: TV, xs: list[sympy.Symbol]) -> TV:
         mm = self.plan.mm

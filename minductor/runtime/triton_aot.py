@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import linecache
 import os
+import re
 import sys
 from typing import Any
 
 
 def compile_for_gpu(name: str, source: str, signature: dict[str, str], constexprs: dict[str, int],
-                    arch: int = 80) -> list[str]:
-    """Compile one kernel; returns the stages produced (ends with ``cubin``)."""
+                    arch: int = 80) -> dict[str, Any]:
+    """Compile one kernel; returns its stages (``ptx``, ..., ``cubin``) by name."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -27,7 +28,12 @@ def compile_for_gpu(name: str, source: str, signature: dict[str, str], constexpr
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own generated code
     fn = namespace[name]
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", arch, 32))
-    return list(compiled.asm)
+    return dict(compiled.asm)
+
+
+def mma_kinds(ptx: str) -> list[str]:
+    """The tensor-core instructions in a kernel's PTX (``tl.dot`` on fp16/bf16 tiles lowers to them)."""
+    return sorted(set(re.findall(r"mma\.sync\.aligned\.[\w.]+", ptx)))
 
 
 def main() -> None:
@@ -39,7 +45,8 @@ def main() -> None:
     for k in kernels:
         try:
             stages = compile_for_gpu(k["name"], k["source"], k["signature"], k["constexprs"])
-            print(f"ok {k['name']}: {' -> '.join(stages)}")
+            mma = mma_kinds(stages.get("ptx", ""))
+            print(f"ok {k['name']}: {' -> '.join(stages)}{'; ' + ' '.join(mma) if mma else ''}")
         except Exception as e:  # report every kernel, fail at the end  # noqa: BLE001
             failures += 1
             print(f"FAILED {k['name']}: {type(e).__name__}: {e}")

@@ -62,8 +62,28 @@ class _InterpreterLibdevice(types.ModuleType):
         return call
 
 
+def _widen_bf16_dot_in_interpreter() -> None:
+    """Triton's interpreter keeps bf16 blocks as uint16 host arrays and its ``tl.dot`` multiplies
+    those raw bit patterns. Widen bf16 operands to float32 first: the products of bf16 values are
+    exact in float32, so this is what a GPU's bf16 MMA with a float32 accumulator computes, and the
+    matmul template can keep ``tl.dot`` on bf16 tiles (the fast form on a GPU)."""
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    original = InterpreterBuilder.create_dot
+    if getattr(original, "_widens_bf16", False):
+        return
+
+    def create_dot(self: Any, a: Any, b: Any, d: Any, *rest: Any) -> Any:
+        a, b = (self.cast_impl(x, tl.float32) if x.dtype.scalar == tl.bfloat16 else x for x in (a, b))
+        return original(self, a, b, d, *rest)
+
+    create_dot._widens_bf16 = True  # type: ignore[attr-defined]
+    InterpreterBuilder.create_dot = create_dot
+
+
 if INTERPRET:
     libdevice: Any = _InterpreterLibdevice("libdevice")
+    _widen_bf16_dot_in_interpreter()
 else:
     from triton.language.extra import libdevice
 
