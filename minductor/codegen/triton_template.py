@@ -254,7 +254,11 @@ class TritonTemplateKernel(TritonKernel):
             call = autotune_call(name, src.getvalue(), grid_fn, [buf for buf, _, _ in buffers], candidates)
         if 0 in self.sizes:
             call = "pass  # empty matmul"
-        return self.kernel_code(name, src.getvalue(), call, [], {"XBLOCK": bm, "RBLOCK0": bn, "KBLOCK": bk})
+        code = self.kernel_code(name, src.getvalue(), call, [], {"XBLOCK": bm, "RBLOCK0": bn, "KBLOCK": bk})
+        # an epilogue that absorbs the matmul result: nothing reads it from memory, never allocate it
+        absorbed = self.plan.epilogue is not None and not self.plan.store_mm
+        code.local_buffers = frozenset({self.plan.mm.name} if absorbed else ())  # type: ignore[attr-defined]
+        return code
 
 
 def codegen_template(plan: TemplatePlan, index: int) -> KernelCode:

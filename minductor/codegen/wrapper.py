@@ -175,7 +175,7 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
 
 
 def _plan_templates(units: list[Any], outputs: set[str]) -> dict[int, Any]:
-    """Extern mm/addmm calls generated as Triton matmul templates instead (Triton backends only)."""
+    """Extern mm/addmm/bmm calls generated as Triton matmul templates instead (Triton backends only)."""
     if not config.triton_mm_template or not any(isinstance(u, ExternSchedulerNode) for u in units):
         return {}
     from minductor.codegen.triton_template import plan_templates
