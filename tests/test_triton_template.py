@@ -176,3 +176,41 @@ def test_autotune_without_a_gpu_times_nothing(capsys: Any, tmp_path: Any) -> Non
         assert err.count("nothing is timed") == 1, err
     finally:
         triton_autotune.clear_cache()
+
+
+def test_autotune_skips_candidates_that_do_not_fit_the_device() -> None:
+    """A candidate whose launch runs out of a GPU resource (shared memory) is never the winner; if
+    none fits, a clear error names the kernel and the way out."""
+    from triton.runtime.errors import OutOfResources
+
+    from minductor.runtime import triton_autotune
+
+    a, b = torch.randn(2, 20, 36), torch.randn(2, 36, 24)
+    fn = lambda a, b: torch.bmm(a, b).relu()
+    calls: list[int] = []
+    fits = [lambda i: i != 0, lambda i: False]  # the heuristic (first) candidate does not fit; then none does
+
+    def timer(run: Any) -> float:
+        calls.append(1)
+        if not fits[0](len(calls) - 1):
+            raise OutOfResources(131072, 101376, "shared memory")
+        run()
+        return float(len(calls))  # later candidates are slower: the first that fits wins
+
+    triton_autotune.clear_cache()
+    triton_autotune.set_timer(timer)
+    try:
+        with config.patch(triton_autotune=True):
+            check(fn, a, b, rtol=1e-4, atol=1e-4)
+            (key,) = triton_autotune._winners
+            assert len(calls) > 2
+            heuristic = {"XBLOCK": 32, "RBLOCK0": 32, "KBLOCK": 64, "num_warps": 4}
+            assert triton_autotune._winners[key] != heuristic
+            fits.pop(0)
+            triton_autotune.clear_cache()
+            calls.clear()
+            with pytest.raises(RuntimeError, match="no block configuration of Triton kernel triton_tem_fused_bmm"):
+                torch.compile(fn, backend="minductor")(a, b)
+    finally:
+        triton_autotune.set_timer(None)
+        triton_autotune.clear_cache()

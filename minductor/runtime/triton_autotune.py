@@ -12,6 +12,7 @@ are never autotuned: repeated benchmark launches would change their results.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -71,6 +72,18 @@ def _note_untimed() -> None:
         print(message, file=sys.stderr)
 
 
+def _time(timer: Timer, launch: Callable[[Config], None], cfg: Config) -> float:
+    """The time of one candidate; infinite when it does not fit the device (a bigger block can need
+    more shared memory than the GPU has: a 128x128 fp32 matmul tile needs 128 KiB, sm_86 has 99 KiB)."""
+    from triton.runtime.errors import OutOfResources
+
+    try:
+        return timer(lambda: launch(cfg))
+    except OutOfResources as e:
+        log.info("minductor: autotune candidate %s skipped: %s", cfg, e)
+        return math.inf
+
+
 def autotune_launch(name: str, kernel: Any, grid: Callable[[Config], tuple[int, ...]], args: Sequence[Any],
                     candidates: Sequence[Config]) -> None:
     """Launch ``kernel`` with the best of ``candidates`` (each a dict of its block constexprs and
@@ -86,7 +99,10 @@ def autotune_launch(name: str, kernel: Any, grid: Callable[[Config], tuple[int, 
         if timer is None or len(candidates) == 1:
             best = candidates[0]
         else:
-            times = [timer(lambda cfg=cfg: launch(cfg)) for cfg in candidates]
+            times = [_time(timer, launch, cfg) for cfg in candidates]
+            if all(t == math.inf for t in times):
+                raise RuntimeError(f"minductor: no block configuration of Triton kernel {name} fits the device: "
+                                   f"{list(candidates)}; set minductor.config.triton_autotune = False")
             best = candidates[min(range(len(candidates)), key=times.__getitem__)]
             log.info("minductor: autotuned %s: %s (%s)", name, best,
                      ", ".join(f"{c}: {t:.4g}" for c, t in zip(candidates, times)))
