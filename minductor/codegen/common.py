@@ -96,6 +96,7 @@ class KernelCode:
     ``source`` is dumped as ``<name><file_suffix>``. For ``cpp`` it is C++ that the wrapper
     compiles through the cache; for other backends it is Python defining ``name`` that the
     wrapper module includes verbatim. ``call`` is the wrapper line that launches it.
+    ``local_buffers``: buffers the kernel keeps to itself, which memory planning never allocates.
     """
 
     name: str
@@ -103,6 +104,7 @@ class KernelCode:
     source: str
     call: str
     file_suffix: str = ".cpp"
+    local_buffers: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass

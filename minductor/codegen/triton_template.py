@@ -23,8 +23,8 @@ import torch
 
 from minductor import config
 from minductor.codegen.common import CodeBuffer, KernelCode
-from minductor.codegen.triton import LoopState, TritonKernel, triton_index
-from minductor.codegen.triton_heuristics import next_power_of_2
+from minductor.codegen.triton import LoopState, TritonKernel, autotune_call, triton_index
+from minductor.codegen.triton_heuristics import candidate_configs, next_power_of_2
 from minductor.codegen.triton_ops import TV, TritonOps
 from minductor.ir.indexing import make_vars
 from minductor.ir.nodes import Buffer, ExternKernelOut
@@ -244,9 +244,6 @@ class TritonTemplateKernel(TritonKernel):
         args = [buf for buf, _, _ in buffers] + [f"XBLOCK={bm}", f"RBLOCK0={bn}", f"KBLOCK={bk}", "num_warps=4"]
         call = f"{name}[({', '.join(grid)})]({', '.join(args)})"
         if self.autotunable(src.getvalue()):
-            from minductor.codegen.triton import autotune_call
-            from minductor.codegen.triton_heuristics import candidate_configs
-
             limits = {"XBLOCK": min(128, max(16, next_power_of_2(m))), "RBLOCK0": min(128, max(16, next_power_of_2(n)))}
             batch = "".join(f", {b}" for b in self.sizes[:-2])
             grid_fn = f"lambda c: (triton.cdiv({m}, c['XBLOCK']), triton.cdiv({n}, c['RBLOCK0']){batch})"
@@ -257,7 +254,7 @@ class TritonTemplateKernel(TritonKernel):
         code = self.kernel_code(name, src.getvalue(), call, [], {"XBLOCK": bm, "RBLOCK0": bn, "KBLOCK": bk})
         # an epilogue that absorbs the matmul result: nothing reads it from memory, never allocate it
         absorbed = self.plan.epilogue is not None and not self.plan.store_mm
-        code.local_buffers = frozenset({self.plan.mm.name} if absorbed else ())  # type: ignore[attr-defined]
+        code.local_buffers = frozenset({self.plan.mm.name} if absorbed else ())
         return code
 
 

@@ -69,20 +69,14 @@ def codegen_kernel(group: FusedGroup, index: int, internal: frozenset[str] = fro
     if kernel.uses_error_flag:
         call = (f"mi_err = torch.zeros(1, dtype=torch.int64); {name}({', '.join([*call_args, 'c_void_p(mi_err.data_ptr())'])}); "
                 f"check_index_error(mi_err, {name!r})")
-    code = KernelCode(name, "cpp", source, call, ".cpp")
-    code.local_buffers = frozenset(kernel.local)  # type: ignore[attr-defined]
-    return code
+    return KernelCode(name, "cpp", source, call, ".cpp", frozenset(kernel.local))
 
 
-def _internal_buffers(units: list[Any], i: int, last_use: dict[str, int], outputs: set[str]) -> frozenset[str]:
-    """Buffers written by group ``units[i]`` that die in it and no other unit reads."""
-    group = units[i]
-    names = {n.node.name for n in group.nodes if not n.node.mutates}
-    names = {b for b in names if b not in outputs and last_use.get(b) == i}
-    for j, unit in enumerate(units):
-        if j != i:
-            names -= unit.read_names()
-    return frozenset(names)
+def _internal_buffers(group: FusedGroup, i: int, last_use: dict[str, int], outputs: set[str]) -> frozenset[str]:
+    """Buffers group ``i`` writes that no other unit reads: ``last_use`` counts reads and writes,
+    so a buffer first written here whose last use is here is read by this group alone."""
+    return frozenset(n.node.name for n in group.nodes
+                     if not n.node.mutates and n.node.name not in outputs and last_use.get(n.node.name) == i)
 
 
 def _shape(values: Any) -> str:
@@ -153,10 +147,10 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
                 kernel_of[i] = codegen_template(templates[i], len(kernels))
                 kernels.append(kernel_of[i])
         elif isinstance(unit, FusedGroup):
-            internal = _internal_buffers(scheduler.units, i, last_use, outputs | set(graph.constants))
+            internal = _internal_buffers(unit, i, last_use, outputs | set(graph.constants))
             kernel_of[i] = codegen_kernel(unit, len(kernels), internal)
             kernels.append(kernel_of[i])
-    local = set().union(*(getattr(k, "local_buffers", frozenset()) for k in kernels))
+    local = set().union(*(k.local_buffers for k in kernels))
     plans = plan_memory(graph, scheduler.units, last_use, outputs, slots, local)
     for i, (unit, plan) in enumerate(zip(scheduler.units, plans)):
         for line in plan.allocs:

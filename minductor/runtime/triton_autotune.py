@@ -38,10 +38,6 @@ def clear_cache() -> None:
     _winners.clear()
 
 
-def winner(name: str, key: Sequence[Any]) -> Config | None:
-    return _winners.get((name, *key))
-
-
 def _gpu_timer(run: Callable[[], None]) -> float:
     from triton.testing import do_bench
 
@@ -110,4 +106,4 @@ def autotune_launch(name: str, kernel: Any, grid: Callable[[Config], tuple[int, 
     launch(best)
 
 
-__all__ = ["autotune_launch", "clear_cache", "set_timer", "winner"]
+__all__ = ["autotune_launch", "clear_cache", "set_timer"]
