@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import tempfile
 
 import torch
 
+import minductor
 from minductor.bench.memory import minductor_peak_bytes, peak_bytes
 from minductor.bench.runner import measure_bandwidth, run_workload
 from minductor.bench.workloads import WORKLOADS, Block
@@ -49,13 +51,19 @@ def bench_compile(with_inductor: bool) -> None:
     (a second fresh process over the first one's cache); Dynamo alone (backend "eager")."""
     print("== compile latency (first call, fresh process; cold = empty caches, warm = caches of a previous process)")
 
+    # children cache bytecode as a normal install does (pip compiles torch's at install time;
+    # an editable minductor writes its own on first import, unless PYTHONDONTWRITEBYTECODE)
+    base_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
     def child(backend: str, case: str, cache: str) -> float:
-        env = dict(os.environ, MINDUCTOR_CACHE_DIR=cache, TORCHINDUCTOR_CACHE_DIR=cache)
+        env = dict(base_env, MINDUCTOR_CACHE_DIR=cache, TORCHINDUCTOR_CACHE_DIR=cache)
         out = subprocess.run([sys.executable, "-c", COMPILE_CHILD, backend, case], env=env,
                              capture_output=True, text=True, check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    subprocess.run([sys.executable, "-c", "import torch, minductor, torch._inductor.compile_fx"], check=True)  # warm OS file cache
+    compileall.compile_dir(os.path.dirname(minductor.__file__), quiet=1)  # as pip does at install
+    subprocess.run([sys.executable, "-c", "import torch, minductor.graph, torch._inductor.compile_fx"],
+                   env=base_env, check=True)  # warm the OS file cache
     for case in ["pointwise3", "ops50", "mlp_fw_bw"]:
         with tempfile.TemporaryDirectory() as tmp:
             dynamo = child("eager", case, tmp)
