@@ -34,6 +34,20 @@ _EXTRA_DECOMPOSITIONS = [
     aten.native_group_norm, aten.addcdiv, aten.lerp, aten.sigmoid_backward, aten.tanh_backward,
     aten.silu_backward, aten.gelu_backward, aten.mse_loss_backward, aten.std, aten.logit,
 ]
+# real decompositions (not CompositeImplicitAutograd passthroughs) that core_aten_decompositions()
+# adds to the explicit post-autograd table
+_CORE_EXTRAS = [
+    aten._upsample_bicubic2d_aa.vec, aten._upsample_bilinear2d_aa.vec, aten._upsample_lanczos2d_aa.vec,
+    aten._upsample_nearest_exact1d.default, aten._upsample_nearest_exact1d.vec,
+    aten._upsample_nearest_exact2d.default, aten._upsample_nearest_exact2d.vec,
+    aten._upsample_nearest_exact3d.default, aten._upsample_nearest_exact3d.vec,
+    aten.upsample_nearest1d.default, aten.upsample_nearest1d.vec, aten.upsample_nearest2d.default,
+    aten.upsample_nearest3d.default, aten.upsample_nearest3d.vec, aten.upsample_bicubic2d.vec,
+    aten.upsample_linear1d.vec, aten.upsample_trilinear3d.vec,
+    aten.broadcast_tensors.default, aten.matmul.default, aten.one_hot.default, aten.pad_sequence.default,
+    aten.gru.data, aten.gru.input, aten.lstm.data, aten.lstm.input, aten.rnn_relu.data, aten.rnn_relu.input,
+    aten.rnn_tanh.data, aten.rnn_tanh.input, aten.istft.default, aten.stft.center,
+]
 # decompositions we drop because a direct lowering is better
 _KEEP_WHOLE = [aten.clamp_min, aten.clamp_max, aten.index_add]
 
@@ -42,9 +56,10 @@ _KEEP_WHOLE = [aten.clamp_min, aten.clamp_max, aten.index_add]
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     """The core-aten decompositions and our extras. ``core_aten_decompositions()`` is this
     same table plus an entry per CompositeImplicitAutograd op (~0.09 s to build); AOTAutograd
-    decomposes those ops while tracing anyway, so the explicit table is enough."""
+    decomposes those ops while tracing anyway (the aten graphs of every OpInfo sample come out
+    the same), so the explicit table and ``_CORE_EXTRAS`` are enough."""
     table = dict(_core_aten_decompositions_post_autograd())
-    table.update(get_decompositions(_EXTRA_DECOMPOSITIONS))
+    table.update(get_decompositions(_CORE_EXTRAS + _EXTRA_DECOMPOSITIONS))
     for packet in _KEEP_WHOLE:
         for name in packet.overloads():
             table.pop(getattr(packet, name), None)

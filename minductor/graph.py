@@ -1,6 +1,7 @@
 """GraphLowering (aten FX graph -> IR) and ``compile_graph``, the whole pipeline."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 import time
@@ -34,6 +35,7 @@ class GraphLowering(torch.fx.Interpreter):
         self.name_to_buffer: dict[str, Buffer] = {}
         self.graph_inputs: dict[str, InputBuffer] = {}
         self.constants: dict[str, torch.Tensor] = {}  # tensors held by the graph module
+        self.constant_targets: dict[str, str] = {}  # their attribute paths in the graph module
         self.callables: dict[str, Any] = {}  # Python callables extern nodes call (XLA kernels)
         self.graph_input_names: list[str] = []
         self.graph_outputs: list[IRNode | None] = []
@@ -90,6 +92,7 @@ class GraphLowering(torch.fx.Interpreter):
         layout = FixedLayout(value.device, value.dtype, tuple(as_exprs(value.shape)), tuple(as_exprs(value.stride())))
         buf = InputBuffer(name=name, layout=layout)
         self.constants[name] = value
+        self.constant_targets[name] = target
         self.graph_inputs[name] = buf
         return TensorBox(StorageBox(buf))
 
@@ -280,19 +283,46 @@ def _unbacked(v: Any) -> bool:
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[[list[Any]], Any]:
-    """The pipeline: lower -> schedule -> codegen -> wrap -> load. Returns a boxed callable."""
-    from minductor import debug
-    from minductor.codegen.wrapper import WrapperCodegenError, generate_wrapper, load_wrapper
-    from minductor.ir.verify import verify_graph, verify_schedule
-    from minductor.scheduler import Scheduler
+    """The pipeline: lower -> schedule -> codegen -> wrap -> load. Returns a boxed callable.
+    A graph compiled before (this process or another) loads its wrapper from the graph cache."""
+    from minductor import debug, graph_cache
+    from minductor.codegen import wrapper
 
     reason = unsupported_reason(gm, example_inputs)
     if reason is not None:
         log.warning("minductor: running %s graph through aten: %s", kind, reason)
         return _run_aten_graph(gm)
-    timings: dict[str, float] = {}
     t0 = time.perf_counter()
     dump = debug.maybe_graph_dump(kind)
+    key = graph_cache.graph_key(gm, example_inputs, kind) if dump is None else None
+    entry = graph_cache.load(key) if key is not None else None
+    if entry is not None:
+        call = wrapper.load_wrapper(wrapper.WrapperModule(entry.source, entry.kernel_codes(),
+                                                          graph_cache.constants_of(gm, entry)), None)
+        graph_cache.replay_metrics(entry.metrics)
+        log.info("minductor: loaded %s graph from the graph cache in %.3fs", kind, time.perf_counter() - t0)
+        return call
+    before = graph_cache.metrics_snapshot()
+    result = _compile(gm, example_inputs, kind, dump)
+    if result is None:
+        return _run_aten_graph(gm)
+    call, graph, module = result
+    if key is not None and not graph.callables:
+        graph_cache.save(key, graph_cache.CachedGraph(module.source, [dataclasses.asdict(k) for k in module.kernels],
+                                                      graph.constant_targets, graph_cache.metrics_since(before)))
+    log.info("minductor: compiled %s graph in %.3fs", kind, time.perf_counter() - t0)
+    return call
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str, dump: Any) -> Any:
+    """Lower, schedule, generate and load: (call, graph, wrapper module), or None when the
+    graph holds something minductor cannot compile (it then runs through aten)."""
+    from minductor.codegen.wrapper import WrapperCodegenError, generate_wrapper, load_wrapper
+    from minductor.ir.verify import verify_graph, verify_schedule
+    from minductor.scheduler import Scheduler
+
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
     if dump is not None:
         dump.write("fx_graph.py", gm.print_readable(print_output=False))
     graph = GraphLowering(gm, example_inputs)
@@ -314,16 +344,18 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
             module = generate_wrapper(graph, scheduler)              # 3-4. codegen + wrap
     except (Unsupported, WrapperCodegenError) as e:
         log.warning("minductor: running %s graph through aten: %s", kind, e)
-        return _run_aten_graph(gm)
+        return None
     timings["codegen"] = time.perf_counter() - t0 - timings["lower"] - timings["schedule"]
     call = load_wrapper(module, dump)                                # 5. load (compiles kernels)
     timings["load"] = time.perf_counter() - t0 - sum(timings.values())
     metrics.graphs_compiled += 1
-    log.info("minductor: compiled %s graph in %.3fs (%s)", kind, time.perf_counter() - t0,
-             ", ".join(f"{k} {v:.3f}s" for k, v in timings.items()))
+    metrics.generated_kernel_count += len(module.kernels)
+    for kernel in module.kernels:
+        metrics.kernels_by_backend[kernel.backend] += 1
+    log.info("minductor: %s graph stages: %s", kind, ", ".join(f"{k} {v:.3f}s" for k, v in timings.items()))
     if dump is not None:
         dump.write("timings.txt", "".join(f"{k}: {v:.4f}s\n" for k, v in timings.items()))
-    return call
+    return call, graph, module
 
 
 def _run_aten_graph(gm: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:

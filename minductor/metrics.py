@@ -12,6 +12,8 @@ generated_kernel_count: int = 0
 kernels_by_backend: Counter[str] = Counter()
 # aten ops that ran as FallbackKernel, by name.
 fallback_ops: Counter[str] = Counter()
+# Compiled graphs loaded from the graph cache (their other counters are added as if compiled).
+graph_cache_hits: int = 0
 # Kernel compiles served from / missing in the on-disk cache.
 cache_hits: int = 0
 cache_misses: int = 0
@@ -23,7 +25,9 @@ buffers_reused: int = 0
 def reset() -> None:
     """Zero every counter; Counter objects are cleared in place so references stay valid."""
     global graphs_compiled, generated_kernel_count, cache_hits, cache_misses, buffers_allocated, buffers_reused
+    global graph_cache_hits
     graphs_compiled = 0
+    graph_cache_hits = 0
     generated_kernel_count = 0
     cache_hits = 0
     cache_misses = 0

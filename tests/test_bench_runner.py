@@ -35,7 +35,7 @@ def test_cli_tiny_suite_json_has_every_field(tmp_path) -> None:
               "fallback_ops"}
     for w in data["workloads"]:
         assert fields <= set(w) and w["correct"] and w["kernels"] and w["fallback_ops"] == [], w
-        assert {"name", "us", "bytes", "gbps", "pct_bandwidth"} <= set(w["kernels"][0])
+        assert {"name", "us", "bytes", "gbps", "traffic_bytes", "pct_bandwidth"} <= set(w["kernels"][0])
     assert "| workload |" in proc.stdout
 
 
@@ -51,3 +51,32 @@ def test_dumped_wrapper_runs_standalone(tmp_path) -> None:
     proc = subprocess.run([sys.executable, str(code)], capture_output=True, text=True, timeout=300)  # noqa: PLW1510
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ms per call" in proc.stdout
+
+
+def test_kernel_traffic_counts_write_allocate_but_not_for_in_place_stores() -> None:
+    """A plain store costs a write-allocate read (3 x size for y = f(x)); a store over the
+    input it read (in_out_ptr) costs 2 x size; ``% of bandwidth`` compares traffic."""
+    w = torch.randn(256, 256)
+
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() * 2
+
+    def in_place(x: torch.Tensor) -> torch.Tensor:
+        return (x @ w).sin() * 2  # the kernel stores over the dying matmul result
+
+    size = 256 * 256 * 4
+    for fn, traffic in [(plain, 3 * size), (in_place, 2 * size)]:
+        report = run_workload("traffic", fn, (torch.randn(256, 256),), with_inductor=False, bandwidth=10.0,
+                              min_run_time=0.01)
+        (kernel,) = report.kernels
+        assert kernel.bytes_moved == 2 * size and kernel.traffic_bytes == traffic, (fn.__name__, kernel)
+        assert abs(kernel.pct_of(10.0) - 100 * traffic / kernel.seconds / 1e9 / 10.0) < 1e-6
+
+
+def test_pointer_roles_follow_the_signature() -> None:
+    from minductor.bench.runner import pointer_roles
+
+    source = ('extern "C" void k(float* __restrict__ in_out_ptr0, const float* __restrict__ in_ptr0, '
+              'float* __restrict__ out_ptr0, const int64_t s0, int64_t* mi_err)\n{\n}\n')
+    assert pointer_roles(source, "k") == ["rw", "r", "w"]
+    assert pointer_roles(source, "other") == []

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from minductor.bench.runner import WorkloadReport, measure_bandwidth, median_time, run_workload, time_kernels
+from minductor.bench.runner import WorkloadReport, bandwidth_probes, median_time, run_workload, time_kernels
 from minductor.bench.workloads import SUITES, make_workloads
 
 
@@ -26,9 +26,11 @@ def _to(value: Any, device: str) -> Any:
 
 def run_suite(names: list[str], size: int, with_inductor: bool, min_run_time: float,
               device: str = "cpu") -> tuple[float, list[WorkloadReport]]:
-    bandwidth = measure_bandwidth(device=device)
+    probes = bandwidth_probes(device=device)
+    bandwidth = max(probes.values())
     print(f"machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
-          f"out= add streams at {bandwidth:.1f} GB/s", flush=True)
+          f"peak memory traffic {bandwidth:.1f} GB/s (probes: "
+          + ", ".join(f"{name} {gbps:.1f}" for name, gbps in probes.items()) + ")", flush=True)
     workloads = make_workloads(size)
     reports = []
     for i, name in enumerate(names, 1):
@@ -56,9 +58,19 @@ def table(reports: list[WorkloadReport]) -> str:
     return "\n".join(rows)
 
 
+def kernel_table(reports: list[WorkloadReport], bandwidth: float) -> str:
+    rows = ["| workload | kernel | us | MB read + written | GB/s | % of peak traffic |", "|---|---|---|---|---|---|"]
+    for r in reports:
+        for k in r.kernels:
+            if not k.note:
+                rows.append(f"| {r.name} | {k.name} | {k.seconds * 1e6:.1f} | {k.bytes_moved / 1e6:.1f} | "
+                            f"{k.gbps:.1f} | {k.pct_of(bandwidth):.0f}% |")
+    return "\n".join(rows)
+
+
 def bench_dump(directory: Path, min_run_time: float) -> None:
     """Time each kernel of every graph in a MINDUCTOR_DEBUG dump, and each whole graph."""
-    bandwidth = measure_bandwidth()
+    bandwidth = max(bandwidth_probes().values())
     for code in sorted(directory.glob("graph_*/output_code.py")):
         namespace: dict[str, Any] = {"__name__": "minductor_dump"}
         source = code.read_text()
@@ -67,7 +79,7 @@ def bench_dump(directory: Path, min_run_time: float) -> None:
         module = type("Module", (), {"source": source, "constants": namespace.get("constants", {})})
         print(f"{code.parent.name}: whole graph {median_time(lambda: namespace['call'](list(args)), min_run_time) * 1e3:.3f} ms")  # noqa: B023
         for k in time_kernels(module, args, min_run_time / 5):
-            print(f"    {k.name}: {k.seconds * 1e6:9.1f} us  {k.gbps:6.1f} GB/s  {100 * k.gbps / bandwidth:5.1f}% of bandwidth")
+            print(f"    {k.name}: {k.seconds * 1e6:9.1f} us  {k.gbps:6.1f} GB/s  {k.pct_of(bandwidth):5.1f}% of bandwidth")
 
 
 def main() -> None:
@@ -94,8 +106,11 @@ def main() -> None:
     if ns.write_results:
         path = Path(__file__).resolve().parents[2] / "benchmarks" / "RESULTS.md"
         header = (f"# Results\n\n{datetime.date.today()}, {platform.machine()} with {torch.get_num_threads()} threads, "
-                  f"torch {torch.__version__}, streaming bandwidth {bandwidth:.1f} GB/s, suite `{ns.suite or 'all'}`.\n\n")
-        path.write_text(header + table(reports) + "\n")
+                  f"torch {torch.__version__}, peak memory traffic {bandwidth:.1f} GB/s, suite `{ns.suite or 'all'}`.\n\n")
+        kernels = ("\n\n## Kernels\n\nEach kernel timed alone on the workload's inputs. % of peak traffic: bytes "
+                   "read + written + the write-allocate read of each plainly stored line, per second, over the best "
+                   "of the runner's streaming probes (sum, copy, out= add) counted the same way.\n\n")
+        path.write_text(header + table(reports) + kernels + kernel_table(reports, bandwidth) + "\n")
 
 
 if __name__ == "__main__":

@@ -18,14 +18,30 @@ from minductor import config, metrics
 
 @dataclasses.dataclass
 class KernelTiming:
+    """One kernel's median time and the bytes it moves.
+
+    ``bytes_moved`` is what it reads plus what it writes (each buffer once, as STREAM counts).
+    ``traffic_bytes`` adds the write-allocate read of every plainly stored line: a store to a
+    line not in cache first reads it, so memory sees it twice, while a buffer updated in place
+    (``in_out_ptr``) was read already. Traffic is what ``% of bandwidth`` compares with the
+    machine's peak traffic rate, so reading and writing kernels compare alike."""
+
     name: str
     seconds: float
     bytes_moved: int
     note: str = ""  # why there is no timing (a Triton kernel on CPU runs in the interpreter)
+    traffic_bytes: int = 0  # 0: unknown, taken as bytes_moved
 
     @property
     def gbps(self) -> float:
         return self.bytes_moved / self.seconds / 1e9 if self.seconds else 0.0
+
+    @property
+    def traffic_gbps(self) -> float:
+        return (self.traffic_bytes or self.bytes_moved) / self.seconds / 1e9 if self.seconds else 0.0
+
+    def pct_of(self, bandwidth: float) -> float:
+        return 100 * self.traffic_gbps / bandwidth if bandwidth else 0.0
 
 
 @dataclasses.dataclass
@@ -53,7 +69,7 @@ class WorkloadReport:
             "fallback_ops": self.fallback_ops,
             "kernels": [
                 {"name": k.name, "us": k.seconds * 1e6, "bytes": k.bytes_moved, "gbps": k.gbps,
-                 "pct_bandwidth": 100 * k.gbps / self.bandwidth if self.bandwidth else 0.0}
+                 "traffic_bytes": k.traffic_bytes or k.bytes_moved, "pct_bandwidth": k.pct_of(self.bandwidth)}
                 for k in self.kernels
             ],
         }
@@ -67,9 +83,8 @@ class WorkloadReport:
             if k.note:
                 out.append(f"    {k.name}: {k.note}")
                 continue
-            pct = 100 * k.gbps / self.bandwidth if self.bandwidth else 0.0
             out.append(f"    {k.name}: {k.seconds * 1e6:9.1f} us  {k.bytes_moved / 1e6:8.2f} MB  "
-                       f"{k.gbps:6.1f} GB/s  {pct:5.1f}% of bandwidth")
+                       f"{k.gbps:6.1f} GB/s  {k.pct_of(self.bandwidth):5.1f}% of bandwidth")
         return out
 
 
@@ -83,12 +98,20 @@ def measure(fn: Callable[[], Any], min_run_time: float = 0.5) -> Any:
     return timer.blocked_autorange(min_run_time=min_run_time)
 
 
-def measure_bandwidth(numel: int = 1 << 25, device: str = "cpu") -> float:
-    """Best streaming rate of an out= add (3 x numel x 4 bytes), in GB/s: the fastest of five
+def bandwidth_probes(numel: int = 1 << 25, device: str = "cpu") -> dict[str, float]:
+    """The machine's streaming rates over ``numel``-float buffers (128 MB by default), in GB/s
+    of memory traffic: a sum reads (1 stream), a copy into an existing buffer reads, reads
+    for ownership and writes (3), an out= add reads two (4). Each is the fastest of five
     short medians, so one noisy stretch on a shared machine does not set the reference."""
     a, b, c = (torch.randn(numel, device=device) for _ in range(3))
-    seconds = min(median_time(lambda: torch.add(a, b, out=c), 0.2) for _ in range(5))
-    return 3 * numel * 4 / seconds / 1e9
+    probes = {"sum": (lambda: a.sum(), 1), "copy": (lambda: c.copy_(a), 3), "add": (lambda: torch.add(a, b, out=c), 4)}
+    return {name: streams * numel * a.element_size() / min(median_time(fn, 0.2) for _ in range(5)) / 1e9
+            for name, (fn, streams) in probes.items()}
+
+
+def measure_bandwidth(numel: int = 1 << 25, device: str = "cpu") -> float:
+    """Peak memory traffic rate, GB/s: the best of ``bandwidth_probes``."""
+    return max(bandwidth_probes(numel, device).values())
 
 
 def run_workload(name: str, fn: Callable[..., Any], args: Sequence[Any], *, with_inductor: bool = True,
@@ -175,13 +198,39 @@ def time_kernels(module: Any, args: Sequence[Any], min_run_time: float) -> list[
             continue
         match = _CALL.match(line)
         if match:
-            buffers = re.findall(r"c_void_p\((\w+)\.data_ptr\(\)\)", match.group(2))
-            moved = sum(local[b].untyped_storage().nbytes() for b in buffers if b in local)
+            name = match.group(1)
+            buffers = [b for b in re.findall(r"c_void_p\((\w+)\.data_ptr\(\)\)", match.group(2)) if b in local]
+            roles = pointer_roles(namespace.get(f"{name}_source", ""), name)
+            moved, traffic = _bytes(buffers, roles, local)
             seconds = median_time(lambda line=line: exec(line, namespace, local), min_run_time)  # noqa: S102
-            out.append(KernelTiming(match.group(1), seconds, moved))
+            out.append(KernelTiming(name, seconds, moved, traffic_bytes=traffic))
         else:
             exec(line, namespace, local)  # noqa: S102
     return out
+
+
+def pointer_roles(source: str, name: str) -> list[str]:
+    """For each buffer pointer of C++ kernel ``name``, in signature order: "r" (``const``),
+    "w" (``out_ptr``) or "rw" (``in_out_ptr``). Empty when the source is not at hand."""
+    match = re.search(rf'extern "C" void {name}\((.*?)\)\n', source)
+    if match is None:
+        return []
+    roles = []
+    for param in match.group(1).split(", "):
+        if "*" not in param or param.endswith("mi_err"):
+            continue
+        roles.append("r" if param.startswith("const ") else "rw" if "in_out_ptr" in param else "w")
+    return roles
+
+
+def _bytes(buffers: list[str], roles: list[str], local: dict[str, Any]) -> tuple[int, int]:
+    """(bytes read + written, memory traffic) of a kernel call over ``buffers``."""
+    sizes = [local[b].untyped_storage().nbytes() for b in buffers]
+    if len(roles) != len(sizes):  # unknown roles: every buffer counted once
+        return sum(sizes), sum(sizes)
+    moved = sum(size * (2 if role == "rw" else 1) for size, role in zip(sizes, roles))
+    write_allocate = sum(size for size, role in zip(sizes, roles) if role == "w")
+    return moved, moved + write_allocate
 
 
 def _time_triton(name: str, line: str, namespace: dict[str, Any], local: dict[str, Any]) -> KernelTiming:

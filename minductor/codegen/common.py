@@ -97,6 +97,8 @@ class KernelCode:
     compiles through the cache; for other backends it is Python defining ``name`` that the
     wrapper module includes verbatim. ``call`` is the wrapper line that launches it.
     ``local_buffers``: buffers the kernel keeps to itself, which memory planning never allocates.
+    ``triton_signature``: a Triton kernel's argument types and constexpr values (for compiling
+    it ahead of time for a GPU target).
     """
 
     name: str
@@ -105,6 +107,7 @@ class KernelCode:
     call: str
     file_suffix: str = ".cpp"
     local_buffers: frozenset[str] = frozenset()
+    triton_signature: tuple[dict[str, str], dict[str, int]] | None = None
 
 
 @dataclasses.dataclass
@@ -115,12 +118,22 @@ class KernelArgs:
     inputs: dict[str, str] = dataclasses.field(default_factory=dict)
     outputs: dict[str, str] = dataclasses.field(default_factory=dict)
     inplace: dict[str, str] = dataclasses.field(default_factory=dict)
+    dying: dict[str, str] = dataclasses.field(default_factory=dict)  # input -> output written over it
 
     def declare_inplace(self, names: set[str]) -> None:
         for name in sorted(names):
             self.inplace[name] = f"in_out_ptr{len(self.inplace)}"
 
+    def declare_written_over(self, written_over: dict[str, str]) -> None:
+        """Outputs stored into the storage of an input that dies in this kernel (output ->
+        input): both names become one ``in_out_ptr``, passed as the output."""
+        for out, dying in sorted(written_over.items()):
+            self.inplace[out] = f"in_out_ptr{len(self.inplace)}"
+            self.dying[dying] = out
+
     def input(self, name: str) -> str:
+        if name in self.dying:
+            return self.inplace[self.dying[name]]
         if name in self.inplace:
             return self.inplace[name]
         if name in self.outputs:

@@ -134,6 +134,7 @@ class CppKernel:
         self.masks: list[str] = []  # enclosing masks, innermost last
         self.uses_error_flag = False  # an indirect index is bounds-checked into mi_err[0]
         self.internal: frozenset[str] = frozenset()  # written here, read nowhere else (wrapper)
+        self.written_over: dict[str, str] = {}  # output -> dying input whose storage it takes (wrapper)
         self.local: dict[str, str] = {}  # of those, kept in a per-iteration local: name -> C++ name
 
     # -- handler callbacks ---------------------------------------------------------------
@@ -256,6 +257,7 @@ class CppKernel:
         # a buffer both read and written here (mutation targets) gets one in_out pointer
         reads = set().union(*(n.read_writes.read_names() for n in self.group.nodes))
         self.args.declare_inplace({n.node.mutates for n in self.group.nodes if n.node.mutates} & reads)
+        self.args.declare_written_over(self.written_over)
         outer = list(self.group.outer)
         n_outer = len(outer)
         loops = self.split_loops()

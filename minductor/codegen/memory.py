@@ -17,13 +17,16 @@ import collections
 import dataclasses
 from typing import Any
 
+import sympy
 import torch
 
 from minductor import config, metrics
 from minductor.codegen.common import py_index
+from minductor.ir.indexing import make_vars
 from minductor.ir.layout import FixedLayout
-from minductor.ir.nodes import Buffer, ComputedBuffer, ExternKernelOut, FallbackKernel
-from minductor.scheduler.nodes import ExternSchedulerNode, FusedGroup
+from minductor.ir.nodes import Buffer, ComputedBuffer, ExternKernelAlloc, ExternKernelOut, FallbackKernel
+from minductor.scheduler.deps import MemoryDep
+from minductor.scheduler.nodes import ExternSchedulerNode, FusedGroup, SchedulerNode
 
 Key = tuple[str, torch.dtype, int]
 
@@ -88,6 +91,80 @@ def _choose_pooled(sites: list[_Site], n_units: int) -> set[int]:
             live = without
             chosen.add(i)
     return chosen
+
+
+def plan_written_over(graph: Any, units: list[Any], last_use: dict[str, int], outputs: set[str],
+                      local: set[str] | frozenset[str] = frozenset()) -> dict[int, dict[str, str]]:
+    """Kernel outputs stored over an input that dies in the same kernel (``in_out_ptr``), by
+    unit: {output: dying input}. The output then takes the input's storage: no allocation,
+    and the data stays in cache (an epilogue over a matmul result, softmax, a residual add).
+
+    Legal when the input is a buffer of ours (not a graph input, constant or output, not
+    aliased by a fallback's view), its last use is this kernel, it has the output's device,
+    dtype and storage size, and every read of it in the kernel is at exactly the element the
+    output's store writes in the same iteration of the shared loops, by a node that runs no
+    later than the storing one (an earlier loop block of the same outer iteration, or the
+    same block before the store)."""
+    candidates = _overwritable(graph, units, outputs, local)
+    planned: dict[int, dict[str, str]] = {}
+    for i, unit in enumerate(units):
+        if not isinstance(unit, FusedGroup) or unit.has_mutation() or unit.has_scan():
+            continue
+        dying = sorted(n for n in unit.read_names() if last_use.get(n) == i and n in candidates)
+        for pos, writer in enumerate(unit.nodes):
+            out = writer.node.name
+            if writer.is_reduction() or out in local or _key(writer.node.layout) is None:
+                continue
+            for name in dying:
+                if _key(candidates[name].layout) == _key(writer.node.layout) \
+                        and _reads_only_where_written(unit, pos, name, len(unit.outer)):
+                    planned.setdefault(i, {})[out] = name
+                    dying.remove(name)
+                    break
+    return planned
+
+
+def _overwritable(graph: Any, units: list[Any], outputs: set[str], local: set[str] | frozenset[str]) -> dict[str, Buffer]:
+    """Buffers whose storage is ours to write over once they die: kernel outputs, extern
+    ``.out`` results and allocating externs (convolution); never graph inputs, constants or
+    outputs, nor storages a fallback's view may alias."""
+    found: dict[str, Buffer] = {}
+    for unit in units:
+        bufs = allocated_buffers(unit)
+        if isinstance(unit, ExternSchedulerNode) and isinstance(unit.node, ExternKernelAlloc):
+            bufs = [unit.node]
+        found |= {b.name: b for b in bufs if b.layout is not None and b.layout.offset == 0}
+    blocked = outputs | set(graph.constants) | set(graph.graph_inputs) | set(local) | _no_reuse(graph, units)
+    return {name: buf for name, buf in found.items() if name not in blocked}
+
+
+def _reads_only_where_written(group: FusedGroup, writer_pos: int, name: str, n_outer: int) -> bool:
+    writer = group.nodes[writer_pos]
+    writes = [d for d in writer.read_writes.writes if d.name == writer.node.name]
+    if len(writes) != 1 or not isinstance(writes[0], MemoryDep):
+        return False
+    target = writes[0].index
+    writer_inner = _inner_vars(writer, n_outer)
+    for pos, node in enumerate(group.nodes):
+        for dep in node.read_writes.reads:
+            if dep.name != name:
+                continue
+            if pos > writer_pos or not isinstance(dep, MemoryDep):
+                return False
+            inner = _inner_vars(node, n_outer)
+            if [size for _, size in inner] != [size for _, size in writer_inner]:
+                return False
+            renamed = dep.index.xreplace({v: w for (v, _), (w, _) in zip(inner, writer_inner)})
+            if sympy.expand(renamed - target) != 0:
+                return False
+    return True
+
+
+def _inner_vars(node: SchedulerNode, n_outer: int) -> list[tuple[sympy.Symbol, Any]]:
+    """A node's loop variables past the group's shared outer loops, with their ranges."""
+    xs = make_vars("x", len(node.pw_ranges))[n_outer:]
+    rs = make_vars("r", len(node.red_ranges))
+    return list(zip(xs, node.pw_ranges[n_outer:])) + list(zip(rs, node.red_ranges))
 
 
 def sympy_int(expr: Any) -> bool:
@@ -173,9 +250,13 @@ def _nbytes(key: Key | None) -> int:
 
 
 def plan_memory(graph: Any, units: list[Any], last_use: dict[str, int], outputs: set[str],
-                slots: PoolSlots | None = None, local: set[str] | frozenset[str] = frozenset()) -> list[UnitPlan]:
-    """``local``: buffers kernels keep in locals (never allocated, never freed)."""
+                slots: PoolSlots | None = None, local: set[str] | frozenset[str] = frozenset(),
+                written_over: dict[int, dict[str, str]] | None = None) -> list[UnitPlan]:
+    """``local``: buffers kernels keep in locals (never allocated, never freed).
+    ``written_over``: by unit, outputs that take the storage of an input dying there
+    (``plan_written_over``): ``buf5 = buf3; del buf3  # reuse in place``, and no free."""
     slots = slots or PoolSlots()
+    written_over = written_over or {}
     allocs_by_unit = [[b for b in allocated_buffers(u) if b.name not in local] for u in units]
     last_use = {name: i for name, i in last_use.items() if name not in local}
     ours = {b.name: b for bufs in allocs_by_unit for b in bufs}
@@ -198,11 +279,18 @@ def plan_memory(graph: Any, units: list[Any], last_use: dict[str, int], outputs:
     site_of: dict[str, _Site] = {}  # buffer name -> the allocation whose storage it uses
     for i, bufs in enumerate(allocs_by_unit):
         allocs: list[str | _Site] = []
+        over = written_over.get(i, {})
         for b in bufs:
             key = _key(b.layout)
             if key is not None:
                 upcoming[key] -= 1
-            if key is not None and pool[key]:
+            if b.name in over:
+                old = over[b.name]
+                allocs.append(_reuse_line(b, old, {old: graph.get_buffer(old)}, "reuse in place"))
+                if old in site_of:
+                    site_of[b.name] = site_of[old]
+                metrics.buffers_reused += 1
+            elif key is not None and pool[key]:
                 old = pool[key].pop()
                 allocs.append(_reuse_line(b, old, ours))
                 site_of[b.name] = site_of[old]
@@ -214,7 +302,7 @@ def plan_memory(graph: Any, units: list[Any], last_use: dict[str, int], outputs:
                 allocs.append(site)
                 metrics.buffers_allocated += 1
         frees = []
-        for name in sorted(frees_at.get(i, [])):
+        for name in sorted(set(frees_at.get(i, [])) - set(over.values())):
             buf = ours.get(name)
             key = _key(buf.layout) if buf is not None else None
             if key is not None and name not in no_reuse and isinstance(buf, (ComputedBuffer, ExternKernelOut)) \
@@ -245,8 +333,8 @@ def _alloc_line(buf: Buffer) -> str:
     )
 
 
-def _reuse_line(buf: Buffer, old: str, ours: dict[str, Buffer]) -> str:
+def _reuse_line(buf: Buffer, old: str, ours: dict[str, Buffer], comment: str = "reuse") -> str:
     lay, old_lay = buf.layout, ours[old].layout
     if tuple(lay.size) == tuple(old_lay.size) and tuple(lay.stride) == tuple(old_lay.stride) and lay.offset == 0:
-        return f"{buf.name} = {old}; del {old}  # reuse"
-    return f"{buf.name} = reinterpret_tensor({old}, {_shape(lay.size)}, {_shape(lay.stride)}, 0); del {old}  # reuse"
+        return f"{buf.name} = {old}; del {old}  # {comment}"
+    return f"{buf.name} = reinterpret_tensor({old}, {_shape(lay.size)}, {_shape(lay.stride)}, 0); del {old}  # {comment}"

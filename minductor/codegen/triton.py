@@ -415,15 +415,14 @@ class TritonKernel:
         return self.kernel_code(name, src.getvalue(), call, size_args, consts)
 
     def kernel_code(self, name: str, source: str, call: str, size_args: list[str], consts: dict[str, int]) -> KernelCode:
-        """The KernelCode, with ``triton_signature`` (argument types and constexprs) attached so the
-        kernel can also be compiled ahead of time for a GPU target (tests do, to check the source)."""
-        code = KernelCode(name, "triton", source, call, ".py")
+        """The KernelCode, with ``triton_signature`` (argument types and constexprs) so the kernel
+        can also be compiled ahead of time for a GPU target (tests do, to check the source)."""
         signature = {arg: "*" + _SIGNATURE_TYPES[V.graph.get_dtype(buf)] for buf, arg, _ in self.args.call_order()}
         signature |= {s: "i64" for s in size_args}
         if self.uses_error_flag:
             signature["mi_err"] = "*i64"
-        code.triton_signature = (signature | {k: "constexpr" for k in consts}, consts)  # type: ignore[attr-defined]
-        return code
+        return KernelCode(name, "triton", source, call, ".py",
+                          triton_signature=(signature | {k: "constexpr" for k in consts}, consts))
 
     def autotunable(self, source: str) -> bool:
         """``config.triton_autotune`` and a launch that can be repeated without changing the result."""

@@ -16,7 +16,7 @@ from minductor import config, metrics
 from minductor.codegen.common import CodeBuffer, KernelCode, py_index
 from minductor.codegen.cpp import CppKernel, kernel_name
 from minductor.codegen.cpp_scan import CppScanKernel
-from minductor.codegen.memory import PoolSlots, plan_memory
+from minductor.codegen.memory import PoolSlots, plan_memory, plan_written_over
 from minductor.ir.nodes import (
     Buffer,
     ComputedBuffer,
@@ -46,12 +46,17 @@ class WrapperModule:
     constants: dict[str, Any]  # tensors and callables the graph holds, bound by name at load
 
 
-def codegen_kernel(group: FusedGroup, index: int, internal: frozenset[str] = frozenset()) -> KernelCode:
+def uses_triton(group: FusedGroup) -> bool:
+    return group.nodes[0].node.get_device().type == "cuda" or config.cpu_backend == "triton"
+
+
+def codegen_kernel(group: FusedGroup, index: int, internal: frozenset[str] = frozenset(),
+                   written_over: dict[str, str] | None = None) -> KernelCode:
     """Generate one fused group with the backend its device calls for. ``internal``: buffers
     this group writes that nothing else reads; the C++ kernel may keep them in locals (the
-    returned ``KernelCode.local_buffers``), and then they are never allocated."""
-    device = group.nodes[0].node.get_device()
-    if device.type == "cuda" or config.cpu_backend == "triton":
+    returned ``KernelCode.local_buffers``), and then they are never allocated. ``written_over``:
+    outputs the C++ kernel stores into a dying input's storage (``plan_written_over``)."""
+    if uses_triton(group):
         try:
             from minductor.codegen.triton import codegen_triton_kernel
         except ImportError as e:
@@ -62,6 +67,7 @@ def codegen_kernel(group: FusedGroup, index: int, internal: frozenset[str] = fro
     name = kernel_name(group, index)
     kernel = CppScanKernel(group, name) if group.has_scan() else CppKernel(group, name)
     kernel.internal = internal
+    kernel.written_over = dict(written_over or {})
     source = kernel.generate()
     call_args = [f"c_void_p({buf}.data_ptr())" for buf, _, _ in kernel.args.call_order()]
     call_args += [f"c_int64({s})" for s in kernel.size_args]
@@ -136,6 +142,8 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
         if t.epilogue is not None:  # the matmul runs at its epilogue: its inputs live until then
             for name in t.input_names():
                 last_use[name] = max(last_use.get(name, i), i)
+    written_over = {i: over for i, over in plan_written_over(graph, scheduler.units, last_use, outputs).items()
+                    if i not in templates and not uses_triton(scheduler.units[i])}
     # kernels first: a C++ kernel may keep a group-internal buffer in a local, which is then
     # never allocated
     kernel_of: dict[int, KernelCode] = {}
@@ -148,10 +156,10 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
                 kernels.append(kernel_of[i])
         elif isinstance(unit, FusedGroup):
             internal = _internal_buffers(unit, i, last_use, outputs | set(graph.constants))
-            kernel_of[i] = codegen_kernel(unit, len(kernels), internal)
+            kernel_of[i] = codegen_kernel(unit, len(kernels), internal, written_over.get(i))
             kernels.append(kernel_of[i])
     local = set().union(*(k.local_buffers for k in kernels))
-    plans = plan_memory(graph, scheduler.units, last_use, outputs, slots, local)
+    plans = plan_memory(graph, scheduler.units, last_use, outputs, slots, local, written_over)
     for i, (unit, plan) in enumerate(zip(scheduler.units, plans)):
         for line in plan.allocs:
             body.writeline(line)
@@ -327,9 +335,6 @@ def load_wrapper(module: WrapperModule, dump: Any) -> Callable[[list[Any]], Any]
     linecache.cache[filename] = (len(module.source), None, module.source.splitlines(True), filename)
     namespace: dict[str, Any] = {"__name__": "minductor_output_code", "constants": module.constants}
     exec(compile(module.source, filename, "exec"), namespace)  # noqa: S102 - our own generated code
-    metrics.generated_kernel_count += len(module.kernels)
-    for kernel in module.kernels:
-        metrics.kernels_by_backend[kernel.backend] += 1
     return namespace["call"]
 
 

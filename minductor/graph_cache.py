@@ -1,0 +1,159 @@
+"""A cache of whole compiled graphs, so a warm start skips lowering, scheduling and codegen.
+
+An entry is the generated wrapper module of one aten graph (its C++ kernels are compiled
+through the kernel cache when the module loads, as on a miss). Its key hashes everything the
+generated source depends on: the aten graph's code (and its subgraphs'), the sizes, strides,
+dtypes and devices of the inputs and of the tensors the graph holds, size hints of symbolic
+inputs, the graph kind, minductor's flags, minductor's own sources, the torch version, and
+for graphs with einsum or scan (the XLA path) whether JAX is available.
+
+Entries live in ``<cache_dir>/graphs/`` as JSON; writes are atomic (``os.replace``), so a
+reader sees a whole entry or none. Graphs calling Python callables (XLA computations) and
+debug runs (``config.debug``: the dump wants every stage) are never cached. What compiling
+the graph added to ``minductor.metrics`` is stored with the entry and added again on a hit,
+so counters read the same either way; ``metrics.graph_cache_hits`` counts the hits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minductor import config, metrics
+
+FORMAT = 2
+# flags that change where things go or how fast, never what is generated
+_NOT_KEYED = frozenset({"debug", "debug_dir", "cache_dir", "compile_threads"})
+_COUNTERS = ("graphs_compiled", "generated_kernel_count", "buffers_allocated", "buffers_reused")
+
+
+@dataclasses.dataclass
+class CachedGraph:
+    source: str  # the wrapper module
+    kernels: list[dict[str, Any]]  # its KernelCode fields, kernel by kernel
+    constants: dict[str, str]  # wrapper name -> the graph module attribute it binds
+    metrics: dict[str, Any]  # what compiling the graph added to minductor.metrics
+
+    def kernel_codes(self) -> list[Any]:
+        from minductor.codegen.common import KernelCode
+
+        return [KernelCode(**{**k, "local_buffers": frozenset(k["local_buffers"]),
+                               "triton_signature": tuple(k["triton_signature"]) if k["triton_signature"] else None})
+                for k in self.kernels]
+
+
+@functools.cache
+def _sources_digest() -> str:
+    """minductor's own code (Python sources and the C++ prelude) and the torch version."""
+    digest = hashlib.sha256(f"{torch.__version__} {sys.version}".encode())
+    root = Path(__file__).parent
+    for path in sorted([*root.rglob("*.py"), *root.rglob("*.h")]):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> str:
+    parts: list[Any] = [FORMAT, _sources_digest(), kind, str(torch.get_default_dtype())]
+    parts.append(sorted((name, repr(getattr(config, name))) for name in config.FLAGS - _NOT_KEYED))
+    for name, module in gm.named_modules():
+        if isinstance(module, torch.fx.GraphModule):
+            parts.append((name, module.code))
+    if _uses_xla(gm):  # einsum and scan lower to XLA, or to aten where JAX is missing
+        from minductor.codegen.xla import jax_available
+
+        parts.append(("jax", jax_available()))
+    parts.append([_describe(x) for x in example_inputs])
+    for node in gm.graph.find_nodes(op="get_attr"):
+        parts.append((node.target, _describe(_attribute(gm, node.target))))
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
+
+
+def _uses_xla(gm: torch.fx.GraphModule) -> bool:
+    return any(node.op == "call_function" and (node.target is torch.ops.higher_order.scan
+                                               or getattr(node.target, "namespace", None) == "minductor")
+               for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
+               for node in module.graph.nodes)
+
+
+def _describe(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return ["tensor", str(x.dtype), str(x.device), [_size(s) for s in x.shape],
+                [_size(s) for s in x.stride()], _size(x.storage_offset())]
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ["sym", _size(x)]
+    return [type(x).__name__, repr(x)]
+
+
+def _size(s: Any) -> Any:
+    """An int, or a symbolic size as its expression and the hint heuristics read."""
+    if isinstance(s, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return [str(s.node.expr), repr(s.node.hint)]
+    return s
+
+
+def _attribute(gm: torch.nn.Module, target: str) -> Any:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _path(key: str) -> Path:
+    return Path(config.cache_dir) / "graphs" / key[:2] / f"{key}.json"
+
+
+def load(key: str) -> CachedGraph | None:
+    try:
+        data = json.loads(_path(key).read_text())
+    except (OSError, ValueError):
+        return None
+    return CachedGraph(data["source"], data["kernels"], data["constants"], data["metrics"])
+
+
+def save(key: str, entry: CachedGraph) -> None:
+    path = _path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(dataclasses.asdict(entry), f, default=sorted)  # frozensets as lists
+        os.replace(f.name, path)
+    except OSError:  # a read-only or full cache dir: compiling still works, uncached
+        pass
+
+
+def constants_of(gm: torch.fx.GraphModule, entry: CachedGraph) -> dict[str, Any]:
+    return {name: _attribute(gm, target) for name, target in entry.constants.items()}
+
+
+def metrics_snapshot() -> dict[str, Any]:
+    snap: dict[str, Any] = {name: getattr(metrics, name) for name in _COUNTERS}
+    snap["kernels_by_backend"] = dict(metrics.kernels_by_backend)
+    snap["fallback_ops"] = dict(metrics.fallback_ops)
+    return snap
+
+
+def metrics_since(before: dict[str, Any]) -> dict[str, Any]:
+    now = metrics_snapshot()
+    delta: dict[str, Any] = {name: now[name] - before[name] for name in _COUNTERS}
+    for name in ("kernels_by_backend", "fallback_ops"):
+        delta[name] = dict(Counter(now[name]) - Counter(before[name]))
+    return delta
+
+
+def replay_metrics(delta: dict[str, Any]) -> None:
+    for name in _COUNTERS:
+        setattr(metrics, name, getattr(metrics, name) + delta[name])
+    metrics.kernels_by_backend.update(delta["kernels_by_backend"])
+    metrics.fallback_ops.update(delta["fallback_ops"])
+    metrics.graph_cache_hits += 1
