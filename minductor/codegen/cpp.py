@@ -270,6 +270,8 @@ class CppKernel:
             [rename[v] for v in merged_outer.variables], merged_outer.sizes,
             {k: v.xreplace(rename) for k, v in merged_outer.substitution.items()},
         )
+        if len(loops) == 1 and not loops[0].pw_inner and not loops[0].red:
+            merged_outer = _in_store_order(merged_outer, self.group.nodes)
         outer_numel = sympy.Mul(*outer) if outer else sympy.Integer(1)
         inner_work = sum((sympy.Mul(*(lp.pw_inner + lp.red)) for lp in loops), sympy.Integer(0))
         work = V.graph.sizevars.hint(outer_numel * sympy.Max(inner_work, 1))
@@ -668,6 +670,22 @@ class CppKernel:
                 out.writeline(line.replace(ARGS_PLACEHOLDER, ", ".join(names)))
         out.writeline("}")
         return out.getvalue()
+
+
+def _in_store_order(dims: MergedDims, nodes: Sequence[SchedulerNode]) -> MergedDims:
+    """The loops of a pointwise kernel (any order is valid) ordered like the memory of the
+    first store, largest stride outermost: a channels-last output (strides ``HWC, 1, WC, C``)
+    then has its channel loop innermost, stride 1, instead of ``W`` at stride ``C``."""
+    writes = [d for n in nodes for d in n.read_writes.writes if isinstance(d, MemoryDep)]
+    if len(dims.variables) < 2 or not writes:
+        return dims
+    coeffs = affine_coeffs(writes[0].index.xreplace(dims.substitution), dims.variables)
+    if coeffs is None or any(not sympy.sympify(coeffs[v]).is_Integer for v in dims.variables):
+        return dims
+    order = sorted(range(len(dims.variables)), key=lambda i: -int(coeffs[dims.variables[i]]))
+    if order == sorted(order) or int(coeffs[dims.variables[order[-1]]]) != 1:
+        return dims  # already in order, or no loop the store walks at stride 1
+    return MergedDims([dims.variables[i] for i in order], [dims.sizes[i] for i in order], dims.substitution)
 
 
 def inner_lanes(row: Expr, whole_range: bool = False) -> int:

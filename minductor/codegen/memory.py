@@ -292,8 +292,9 @@ def plan_memory(graph: Any, units: list[Any], last_use: dict[str, int], outputs:
                 metrics.buffers_reused += 1
             elif key is not None and pool[key]:
                 old = pool[key].pop()
-                allocs.append(_reuse_line(b, old, ours))
-                site_of[b.name] = site_of[old]
+                allocs.append(_reuse_line(b, old, ours | {old: graph.get_buffer(old)}))
+                if old in site_of:  # storage aten allocated (a convolution's output) has no site
+                    site_of[b.name] = site_of[old]
                 metrics.buffers_reused += 1
             else:
                 site = _Site(b, i, len(units), slots.candidate_bytes(b))

@@ -244,6 +244,9 @@ def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode, graph: Any) -> Non
         body.writeline(f"{op}({', '.join(args + kwargs + [f'out={node.name}'])})")
     elif isinstance(node, ExternKernelAlloc):
         body.writeline(f"{node.name} = {op}({', '.join(args + kwargs)})")
+        lay = node.layout  # aten chose these strides; the kernels after it were generated for them
+        if all(e.is_Integer for e in (*lay.size, *lay.stride)):
+            body.writeline(f"assert_size_stride({node.name}, {_shape(lay.size)}, {_shape(lay.stride)}, {node.name!r})")
     else:
         assert isinstance(node, FallbackKernel)
         body.writeline(f"{node.name} = {op}({', '.join(args + kwargs)})  # fallback")

@@ -24,6 +24,29 @@ def contiguous_strides(size: Sequence[Expr]) -> list[Expr]:
     return list(reversed(strides))
 
 
+def strides_in_order(size: Sequence[Expr], order: Sequence[int]) -> list[Expr]:
+    """Dense strides laying dims out in ``order`` (outermost first, innermost last): the
+    order ``(0, 2, 3, 1)`` of a 4-D size gives channels-last (NHWC) strides."""
+    strides: list[Expr] = [sympy.Integer(0)] * len(size)
+    acc: Expr = sympy.Integer(1)
+    for dim in reversed(order):
+        strides[dim] = acc
+        s = sympy.sympify(size[dim])
+        acc = acc * (max(int(s), 1) if s.is_Integer else sympy.Max(s, 1))
+    return strides
+
+
+def channels_last_order(rank: int) -> tuple[int, ...] | None:
+    """The dim order of channels-last memory for a 4-D (NHWC) or 5-D (NDHWC) tensor."""
+    return (0, *range(2, rank), 1) if rank in (4, 5) else None
+
+
+def is_channels_last(layout: FixedLayout) -> bool:
+    order = channels_last_order(len(layout.size))
+    return order is not None and tuple(layout.stride) == tuple(strides_in_order(layout.size, order)) \
+        and not layout.is_contiguous()
+
+
 def as_exprs(values: Sequence[int | Expr]) -> list[Expr]:
     return [sympy.sympify(v) for v in values]
 
@@ -79,6 +102,11 @@ class FlexibleLayout(FixedLayout):
     def contiguous(device: torch.device, dtype: torch.dtype, size: Sequence[Expr]) -> FlexibleLayout:
         size = tuple(as_exprs(size))
         return FlexibleLayout(device, dtype, size, tuple(contiguous_strides(size)))
+
+    @staticmethod
+    def in_order(device: torch.device, dtype: torch.dtype, size: Sequence[Expr], order: Sequence[int]) -> FlexibleLayout:
+        size = tuple(as_exprs(size))
+        return FlexibleLayout(device, dtype, size, tuple(strides_in_order(size, order)))
 
     def freeze(self) -> FixedLayout:
         return FixedLayout(self.device, self.dtype, self.size, self.stride, self.offset)

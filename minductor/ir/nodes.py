@@ -61,6 +61,9 @@ class Loops(IRNode):
     inner_fn: Callable[..., Any]
     ranges: list[Expr]
     origins: frozenset[str] = frozenset()
+    # dims outermost to innermost for the buffer it is realized into (None: contiguous); a
+    # pointwise value over a channels-last input keeps channels-last, so no kernel transposes
+    stride_order: tuple[int, ...] | None = None
 
     def get_size(self) -> list[Expr]:
         return self.ranges
@@ -312,7 +315,9 @@ class StorageBox(IRNode):
 
     def realize(self) -> Buffer:
         if isinstance(self.data, Loops):
-            layout = FlexibleLayout.contiguous(self.data.device, self.data.dtype, self.data.get_size())
+            order = self.data.stride_order
+            layout = (FlexibleLayout.in_order(self.data.device, self.data.dtype, self.data.get_size(), order) if order
+                      else FlexibleLayout.contiguous(self.data.device, self.data.dtype, self.data.get_size()))
             buf = ComputedBuffer(name="", layout=layout, data=self.data)
             V.graph.register_buffer(buf)
             self.data = buf

@@ -8,6 +8,7 @@ from typing import Any
 import sympy
 import torch
 
+from minductor.ir.layout import channels_last_order
 from minductor.ir.nodes import Pointwise, TensorBox
 from minductor.ir.ops import ops
 from minductor.lowering.registry import (
@@ -18,6 +19,7 @@ from minductor.lowering.registry import (
     broadcast_shapes,
     expand_to,
     is_tensor,
+    layout_hint,
     make_pointwise,
     origins_of,
     promote,
@@ -294,7 +296,8 @@ def where(cond: Any, a: Any, b: Any) -> TensorBox:
         value = ops.where(cond_load(index), a_load(index), b_load(index))
         return ops.to_dtype(value, result) if compute != result else value
 
-    return TensorBox.create(Pointwise(cond.get_device(), result, inner_fn, size, origins=origins_of(cond, a, b) | {"where"}))
+    return TensorBox.create(Pointwise(cond.get_device(), result, inner_fn, size, origins=origins_of(cond, a, b) | {"where"},
+                                      stride_order=layout_hint([cond, a, b], size)))
 
 
 def _cast_loader_for(v: Any, dtype: torch.dtype) -> Any:
@@ -377,7 +380,15 @@ def to_copy(x: TensorBox, dtype: torch.dtype | None = None, **kwargs: Any) -> Te
 @register_lowering(aten.clone, aten.lift_fresh_copy)
 def clone(x: TensorBox, memory_format: Any = None) -> TensorBox:
     loader = x.make_loader()
-    return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), loader, list(x.get_size()), origins=x.origins | {"clone"}))
+    size = list(x.get_size())
+    if memory_format in (torch.channels_last, torch.channels_last_3d):
+        order = channels_last_order(len(size))
+    elif memory_format == torch.contiguous_format:
+        order = None
+    else:
+        order = layout_hint([x], size)
+    return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), loader, size, origins=x.origins | {"clone"},
+                                      stride_order=order))
 
 
 @register_lowering(aten.nan_to_num)

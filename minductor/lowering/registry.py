@@ -13,7 +13,8 @@ import sympy
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from minductor.ir.nodes import IRNode, Pointwise, TensorBox
+from minductor.ir.layout import FixedLayout, channels_last_order, is_channels_last
+from minductor.ir.nodes import IRNode, Loops, Pointwise, StorageBox, TensorBox
 from minductor.ir.ops import ops
 from minductor.ir.views import make_view
 
@@ -117,7 +118,34 @@ def to_dtype(x: TensorBox, dtype: torch.dtype) -> TensorBox:
     def inner_fn(index: Sequence[Expr]) -> Any:
         return ops.to_dtype(loader(index), dtype)
 
-    return TensorBox.create(Pointwise(x.get_device(), dtype, inner_fn, list(x.get_size()), origins=x.origins))
+    return TensorBox.create(Pointwise(x.get_device(), dtype, inner_fn, list(x.get_size()), origins=x.origins,
+                                      stride_order=layout_hint([x], x.get_size())))
+
+
+def layout_hint(tensors: Sequence[Any], size: Sequence[Expr]) -> tuple[int, ...] | None:
+    """The stride order a pointwise result over ``tensors`` should be realized in: channels-last
+    when an input of the result's full size is channels-last (a convolution's output, or a
+    pointwise value over one), so the kernel reads and writes in the same order."""
+    order = channels_last_order(len(size))
+    if order is None:
+        return None
+    for t in tensors:
+        if is_tensor(t) and list(t.get_size()) == list(size) and _stored_in(t) == order:
+            return order
+    return None
+
+
+def _stored_in(x: TensorBox) -> tuple[int, ...] | None:
+    """The stride order ``x`` is (or will be) stored in, when that is channels-last."""
+    data = x.data
+    if isinstance(data, StorageBox):
+        data = data.data
+        if isinstance(data, Loops):
+            return data.stride_order
+    layout = getattr(data, "layout", None)
+    if isinstance(layout, FixedLayout) and is_channels_last(layout):
+        return channels_last_order(len(layout.size))
+    return None
 
 
 def origins_of(*args: Any) -> frozenset[str]:
@@ -184,7 +212,8 @@ def make_pointwise(
             return ops.to_dtype(value, result) if _needs_cast(compute, result, fn) else value
 
         origin = frozenset({name}) if name else frozenset()
-        return TensorBox.create(Pointwise(device_of(args), result, inner_fn, size, origins=origins_of(*args) | origin))
+        return TensorBox.create(Pointwise(device_of(args), result, inner_fn, size, origins=origins_of(*args) | origin,
+                                          stride_order=layout_hint(tensors, size)))
 
     return lowering
 

@@ -1,0 +1,98 @@
+"""Convolutions in CPU inference graphs run channels-last (NHWC); the pointwise ops after
+them keep that layout, and pointwise kernels loop in the order of their output's memory."""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minductor import config, metrics
+
+
+def _compile(fn: Callable[..., Any], *args: torch.Tensor, tmp_path: Path, grad: bool = False) -> str:
+    """Compile with a debug dump; results (and output strides) must match eager. Returns the wrapper."""
+    with config.patch(debug=True, debug_dir=str(tmp_path)), torch.set_grad_enabled(grad):
+        out = torch.compile(fn, backend="minductor")(*args)
+        torch.testing.assert_close(out, fn(*args), rtol=1e-4, atol=1e-4, check_stride=True)
+    return next(tmp_path.glob("graph_*/output_code.py")).read_text()
+
+
+def _conv_inputs(code: str) -> list[str]:
+    return re.findall(r"torch\.ops\.aten\.convolution\.default\((\w+),", code)
+
+
+def _allocation(code: str, name: str) -> str:
+    """The wrapper line that creates buffer ``name`` (an allocation, a reuse, or an extern call)."""
+    return next(line.strip() for line in code.split("def call(args):")[1].splitlines()
+                if line.strip().startswith(f"{name} = "))
+
+
+class ConvBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.bn = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16)
+        self.c2 = torch.nn.Conv2d(16, 8, 3, padding=1, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.c2(F.relu(self.bn(self.c1(x))))).mean((2, 3))
+
+
+def test_convolutions_take_channels_last_inputs(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = ConvBlock().eval()
+    model.bn.running_mean.normal_()
+    model.bn.running_var.uniform_(0.5, 2)
+    code = _compile(model, torch.randn(2, 3, 20, 24), tmp_path=tmp_path)
+    first, second = _conv_inputs(code)
+    # the NCHW input is copied to NHWC once; the second conv reads the BN/ReLU kernel's output,
+    # which stays NHWC (and takes the first conv's storage in place)
+    assert re.search(rf"{first} = .*\(2, 3, 20, 24\), \(1440, 1, 72, 3\)", _allocation(code, first)), code
+    assert "reuse in place" in _allocation(code, second), code
+    assert code.count("assert_size_stride(buf") == 2  # each conv's NHWC output checked at run time
+
+
+def test_a_channels_last_input_is_not_copied(tmp_path: Path) -> None:
+    conv = torch.nn.Conv2d(4, 8, 3).eval()
+    x = torch.randn(2, 4, 12, 12).to(memory_format=torch.channels_last)
+    code = _compile(lambda x: conv(x).relu(), x, tmp_path=tmp_path)
+    (arg,) = _conv_inputs(code)
+    assert arg.startswith("arg"), code  # the graph input itself
+    assert metrics.generated_kernel_count == 1  # the ReLU only
+
+
+def test_conv_output_returned_with_eager_strides(tmp_path: Path) -> None:
+    """Eager returns NCHW for an NCHW input: the NHWC result is stored back in NCHW."""
+    conv = torch.nn.Conv2d(3, 8, 3, padding=1).eval()
+    _compile(lambda x: conv(x) * 2, torch.randn(1, 3, 10, 10), tmp_path=tmp_path)
+
+
+def test_training_graphs_keep_eager_layouts(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = ConvBlock().train()
+    x = torch.randn(2, 3, 12, 12)
+    model(x).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        torch.compile(model, backend="minductor")(x).sum().backward()
+    for p, g in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-4)
+    forward = next(tmp_path.glob("graph_*_forward/output_code.py")).read_text()
+    outputs = re.findall(r"assert_size_stride\(buf\w+, \((\d+), (\d+), (\d+), (\d+)\), \((\d+), (\d+), (\d+), (\d+)\)", forward)
+    assert len(outputs) == 2, forward
+    assert all(stride[-1] == "1" for *_, stride in [(o[:4], o[4:]) for o in outputs]), forward  # NCHW
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 9, 7), (1, 3, 32, 32)])
+def test_pointwise_loops_follow_the_output_memory_order(shape: tuple[int, ...], tmp_path: Path) -> None:
+    """A channels-last pointwise result loops over channels innermost (stride 1)."""
+    x = torch.randn(shape).to(memory_format=torch.channels_last)
+    code = _compile(lambda x: (x * 2).sigmoid(), x, tmp_path=tmp_path)
+    kernel = code.split('extern "C"')[1]
+    loops = re.findall(r"for \(int64_t (\w+) = 0; \w+ < (\d+); \w+\+\+\)", kernel)
+    assert loops and int(loops[-1][1]) == shape[1], kernel  # innermost: the channels
