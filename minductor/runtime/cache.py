@@ -63,7 +63,33 @@ def _toolchain_fingerprint(cxx: str) -> str:
     if os.path.exists("/proc/cpuinfo"):  # -march=native: a shared cache must not mix CPUs
         with open("/proc/cpuinfo") as f:
             cpu = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    return "\n".join([cxx, version, " ".join(_BASE_FLAGS), platform.machine(), cpu])
+    return "\n".join([cxx, version, " ".join([*_BASE_FLAGS, *tune_flags(cxx)]), platform.machine(), cpu])
+
+
+@functools.cache
+def tune_flags(cxx: str) -> list[str]:
+    """Vector gathers back on for an Intel CPU that ``cxx`` does not recognize: its
+    ``-march=native`` then tunes for "generic", which (GCC 12) never emits gathers, so loops
+    with strided or masked loads stay scalar, with a data-dependent branch per element: a
+    3x3/2 max-pool kernel ran 28.5 ms instead of 2.4 ms on such a CPU (an AVX-512 Xeon that
+    GCC 12 takes for icelake-client). Only gathers: a whole concrete ``-mtune`` (icelake-server)
+    fixed that kernel too but made others up to 1.6x slower (sin/exp chains, column sums)."""
+    try:
+        out = subprocess.run([cxx, "-march=native", "-Q", "--help=target"], capture_output=True, text=True,
+                             check=False).stdout
+    except OSError:
+        return []
+    tune = next((line.split()[-1] for line in out.splitlines() if line.strip().startswith("-mtune=")), "")
+    if tune != "generic" or not os.path.exists("/proc/cpuinfo"):
+        return []
+    with open("/proc/cpuinfo") as f:
+        info = f.read(1 << 16)
+    flags = set(next((line for line in info.splitlines() if line.startswith("flags")), "").split())
+    return ["-mtune-ctrl=use_gather"] if "GenuineIntel" in info and "avx2" in flags else []
+
+
+def compiler_flags(cxx: str) -> list[str]:
+    return [*CXX_FLAGS, *tune_flags(cxx)]
 
 
 def _header_digest() -> str:
@@ -125,7 +151,7 @@ def _compile(source: str, kernel_name: str, key: str, kernels: int = 1) -> Path:
 def _run_compiler(cpp: Path, so: Path, kernel_name: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=cpp.parent, prefix=f".{kernel_name}.", suffix=".so.tmp")
     os.close(fd)
-    cmd = [config.cxx, *CXX_FLAGS, str(cpp), "-o", tmp]
+    cmd = [config.cxx, *compiler_flags(config.cxx), str(cpp), "-o", tmp]
     try:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
