@@ -64,7 +64,10 @@ def _sources_digest() -> str:
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> str:
-    parts: list[Any] = [FORMAT, _sources_digest(), kind, str(torch.get_default_dtype())]
+    from minductor.runtime.cache import toolchain_fingerprint
+
+    # kernels are generated for the toolchain and CPU (whether the compiler gathers, ...)
+    parts: list[Any] = [FORMAT, _sources_digest(), toolchain_fingerprint(config.cxx), kind, str(torch.get_default_dtype())]
     parts.append(sorted((name, repr(getattr(config, name))) for name in config.FLAGS - _NOT_KEYED))
     for name, module in gm.named_modules():
         if isinstance(module, torch.fx.GraphModule):

@@ -67,6 +67,22 @@ def _toolchain_fingerprint(cxx: str) -> str:
 
 
 @functools.cache
+def _native_tune(cxx: str) -> str:
+    """What ``-mtune`` ``-march=native`` resolves to ("generic" for a CPU ``cxx`` does not know)."""
+    try:
+        out = subprocess.run([cxx, "-march=native", "-Q", "--help=target"], capture_output=True, text=True,
+                             check=False).stdout
+    except OSError:
+        return ""
+    return next((line.split()[-1] for line in out.splitlines() if line.strip().startswith("-mtune=")), "")
+
+
+def gathers_enabled(cxx: str) -> bool:
+    """Whether vectorized kernels may use gather loads: a known CPU's tuning, or ours."""
+    return _native_tune(cxx) not in ("generic", "") or bool(tune_flags(cxx))
+
+
+@functools.cache
 def tune_flags(cxx: str) -> list[str]:
     """Vector gathers back on for an Intel CPU that ``cxx`` does not recognize: its
     ``-march=native`` then tunes for "generic", which (GCC 12) never emits gathers, so loops
@@ -74,18 +90,16 @@ def tune_flags(cxx: str) -> list[str]:
     3x3/2 max-pool kernel ran 28.5 ms instead of 2.4 ms on such a CPU (an AVX-512 Xeon that
     GCC 12 takes for icelake-client). Only gathers: a whole concrete ``-mtune`` (icelake-server)
     fixed that kernel too but made others up to 1.6x slower (sin/exp chains, column sums)."""
-    try:
-        out = subprocess.run([cxx, "-march=native", "-Q", "--help=target"], capture_output=True, text=True,
-                             check=False).stdout
-    except OSError:
-        return []
-    tune = next((line.split()[-1] for line in out.splitlines() if line.strip().startswith("-mtune=")), "")
-    if tune != "generic" or not os.path.exists("/proc/cpuinfo"):
+    if _native_tune(cxx) != "generic" or not os.path.exists("/proc/cpuinfo"):
         return []
     with open("/proc/cpuinfo") as f:
         info = f.read(1 << 16)
     flags = set(next((line for line in info.splitlines() if line.startswith("flags")), "").split())
     return ["-mtune-ctrl=use_gather"] if "GenuineIntel" in info and "avx2" in flags else []
+
+
+def toolchain_fingerprint(cxx: str) -> str:
+    return _toolchain_fingerprint(cxx)
 
 
 def compiler_flags(cxx: str) -> list[str]:
