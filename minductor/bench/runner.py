@@ -132,19 +132,40 @@ def run_workload(name: str, fn: Callable[..., Any], args: Sequence[Any], *, with
         except AssertionError:
             correct = False
     kernels = [t for module, graph_args in graphs for t in time_kernels(module, graph_args, min_run_time / 5)]
-    eager_s = median_time(lambda: fn(*args), min_run_time)
-    mind = measure(lambda: compiled(*args), min_run_time)
-    ind_s = ind_compile = None
+    contenders: dict[str, Callable[[], Any]] = {"eager": lambda: fn(*args), "minductor": lambda: compiled(*args)}
+    ind_compile = None
     if with_inductor:
-        torch._dynamo.reset()
-        inductor = torch.compile(fn)
+        inductor = torch.compile(fn)  # its own cache entries: the minductor ones stay
         start = time.perf_counter()
         inductor(*args)
         ind_compile = time.perf_counter() - start
-        ind_s = median_time(lambda: inductor(*args), min_run_time)
-    return WorkloadReport(name, eager_s, mind.median, ind_s, kernels, bandwidth or measure_bandwidth(),
-                          compile_s, ind_compile, correct, mind.iqr,
+        contenders["inductor"] = lambda: inductor(*args)
+    times = interleaved_medians(contenders, min_run_time)
+    mind = times["minductor"]
+    return WorkloadReport(name, times["eager"].median, mind.median, times["inductor"].median if with_inductor else None,
+                          kernels, bandwidth or measure_bandwidth(), compile_s, ind_compile, correct, mind.iqr,
                           sorted(str(op) for op in collections.Counter(metrics.fallback_ops) - fallbacks_before))
+
+
+@dataclasses.dataclass
+class Timing:
+    median: float  # seconds: the median of the per-round medians
+    iqr: float  # spread of the per-round medians
+
+
+def interleaved_medians(contenders: dict[str, Callable[[], Any]], min_run_time: float, rounds: int = 5) -> dict[str, Timing]:
+    """Time every contender in ``rounds`` alternating rounds (a torch.utils.benchmark median
+    each): on a shared machine whose speed drifts, one contender timed after another would
+    see different machines; interleaved, each ratio compares like with like."""
+    medians: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, run in contenders.items():
+            medians[name].append(median_time(run, min_run_time / rounds))
+    out = {}
+    for name, values in medians.items():
+        q = torch.tensor(values).quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64).float())
+        out[name] = Timing(float(q[1]), float(q[2] - q[0]))
+    return out
 
 
 # a C++ kernel call; kernels with indirect indexing reset and check their error flag around it

@@ -64,7 +64,23 @@ def bmm(a: TensorBox, b: TensorBox) -> TensorBox:
 
 @register_lowering(aten.addmm)
 def addmm(bias: TensorBox, a: TensorBox, b: TensorBox, *, beta: Any = 1, alpha: Any = 1) -> TensorBox:
+    """``bias + a @ b``. For C++ kernels, a vector bias becomes a pointwise add after ``mm``,
+    which fuses into the kernel that next reads the product (GELU, a residual add):
+    ``addmm.out`` would first copy the broadcast bias into the output and then have the GEMM
+    read it back (beta=1)."""
+    if beta == 1 and alpha == 1 and _bias_in_epilogue(bias, a):
+        from minductor.lowering.registry import lowerings
+
+        return lowerings[aten.add.Tensor](extern_out(aten.mm.out, a, b), bias)
     return extern_out(aten.addmm.out, bias, a, b, beta=beta, alpha=alpha)
+
+
+def _bias_in_epilogue(bias: Any, a: TensorBox) -> bool:
+    from minductor import config
+
+    return (isinstance(bias, IRNode) and len(bias.get_size()) == 1 and a.get_device().type == "cpu"
+            and config.cpu_backend == "cpp" and a.get_dtype() in (torch.float32, torch.float64)
+            and bias.get_dtype() == a.get_dtype())
 
 
 @register_lowering(aten.baddbmm)
