@@ -38,7 +38,7 @@ print(json.dumps(time.perf_counter() - start))
 
 def bench_speed(with_inductor: bool, names: list[str]) -> None:
     bandwidth = measure_bandwidth()
-    print(f"== speed ({torch.get_num_threads()} threads; peak memory traffic {bandwidth:.1f} GB/s)")
+    print(f"== speed ({torch.get_num_threads()} threads; streaming bandwidth {bandwidth:.1f} GB/s)")
     for name in names:
         fn, make_args = WORKLOADS[name]
         with torch.no_grad():

@@ -1,6 +1,7 @@
 """The kernel microbenchmark runner times each generated kernel of a real workload."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from minductor.bench.runner import run_workload
@@ -35,7 +36,7 @@ def test_cli_tiny_suite_json_has_every_field(tmp_path) -> None:
               "fallback_ops"}
     for w in data["workloads"]:
         assert fields <= set(w) and w["correct"] and w["kernels"] and w["fallback_ops"] == [], w
-        assert {"name", "us", "bytes", "gbps", "traffic_bytes", "pct_bandwidth"} <= set(w["kernels"][0])
+        assert {"name", "us", "bytes", "bytes_written", "gbps", "pct_bandwidth"} <= set(w["kernels"][0])
     assert "| workload |" in proc.stdout
 
 
@@ -53,9 +54,9 @@ def test_dumped_wrapper_runs_standalone(tmp_path) -> None:
     assert "ms per call" in proc.stdout
 
 
-def test_kernel_traffic_counts_write_allocate_but_not_for_in_place_stores() -> None:
-    """A plain store costs a write-allocate read (3 x size for y = f(x)); a store over the
-    input it read (in_out_ptr) costs 2 x size; ``% of bandwidth`` compares traffic."""
+def test_kernel_bytes_follow_the_signature() -> None:
+    """y = f(x) moves 2 x size (one read, one write); a kernel storing over the input it read
+    (in_out_ptr) moves 2 x size too, all of it read and written; % of bandwidth is GB/s over it."""
     w = torch.randn(256, 256)
 
     def plain(x: torch.Tensor) -> torch.Tensor:
@@ -65,12 +66,23 @@ def test_kernel_traffic_counts_write_allocate_but_not_for_in_place_stores() -> N
         return (x @ w).sin() * 2  # the kernel stores over the dying matmul result
 
     size = 256 * 256 * 4
-    for fn, traffic in [(plain, 3 * size), (in_place, 2 * size)]:
-        report = run_workload("traffic", fn, (torch.randn(256, 256),), with_inductor=False, bandwidth=10.0,
+    for fn in (plain, in_place):
+        report = run_workload("bytes", fn, (torch.randn(256, 256),), with_inductor=False, bandwidth=10.0,
                               min_run_time=0.01)
         (kernel,) = report.kernels
-        assert kernel.bytes_moved == 2 * size and kernel.traffic_bytes == traffic, (fn.__name__, kernel)
-        assert abs(kernel.pct_of(10.0) - 100 * traffic / kernel.seconds / 1e9 / 10.0) < 1e-6
+        assert kernel.bytes_moved == 2 * size and kernel.bytes_written == size, (fn.__name__, kernel)
+        assert abs(kernel.pct_of(10.0) - 100 * kernel.gbps / 10.0) < 1e-9
+
+
+def test_stream_probes_measure_each_loop() -> None:
+    """The STREAM loops run and count their arrays; a fake timer makes the rates exact."""
+    from minductor.bench.runner import streaming_bandwidth
+    from minductor.bench.stream import stream_probes
+
+    rates = stream_probes(1 << 16, timer=lambda fn: (fn(), 1e-3)[1])
+    mb = (1 << 16) * 4 / 1e9 / 1e-3
+    assert rates == pytest.approx({"read": mb, "copy": 2 * mb, "add": 3 * mb, "triad": 3 * mb})
+    assert streaming_bandwidth(rates) == pytest.approx(3 * mb)  # the read-only loop is not the reference
 
 
 def test_pointer_roles_follow_the_signature() -> None:

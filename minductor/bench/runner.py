@@ -18,30 +18,21 @@ from minductor import config, metrics
 
 @dataclasses.dataclass
 class KernelTiming:
-    """One kernel's median time and the bytes it moves.
-
-    ``bytes_moved`` is what it reads plus what it writes (each buffer once, as STREAM counts).
-    ``traffic_bytes`` adds the write-allocate read of every plainly stored line: a store to a
-    line not in cache first reads it, so memory sees it twice, while a buffer updated in place
-    (``in_out_ptr``) was read already. Traffic is what ``% of bandwidth`` compares with the
-    machine's peak traffic rate, so reading and writing kernels compare alike."""
+    """One kernel's median time and the bytes it moves: each buffer it reads and each it writes
+    once (STREAM's convention; a buffer updated in place counts twice)."""
 
     name: str
     seconds: float
     bytes_moved: int
     note: str = ""  # why there is no timing (a Triton kernel on CPU runs in the interpreter)
-    traffic_bytes: int = 0  # 0: unknown, taken as bytes_moved
+    bytes_written: int = 0
 
     @property
     def gbps(self) -> float:
         return self.bytes_moved / self.seconds / 1e9 if self.seconds else 0.0
 
-    @property
-    def traffic_gbps(self) -> float:
-        return (self.traffic_bytes or self.bytes_moved) / self.seconds / 1e9 if self.seconds else 0.0
-
     def pct_of(self, bandwidth: float) -> float:
-        return 100 * self.traffic_gbps / bandwidth if bandwidth else 0.0
+        return 100 * self.gbps / bandwidth if bandwidth else 0.0
 
 
 @dataclasses.dataclass
@@ -68,8 +59,8 @@ class WorkloadReport:
             "minductor_spread_ms": self.spread * 1e3, "correct": self.correct, "bandwidth_gbps": self.bandwidth,
             "fallback_ops": self.fallback_ops,
             "kernels": [
-                {"name": k.name, "us": k.seconds * 1e6, "bytes": k.bytes_moved, "gbps": k.gbps,
-                 "traffic_bytes": k.traffic_bytes or k.bytes_moved, "pct_bandwidth": k.pct_of(self.bandwidth)}
+                {"name": k.name, "us": k.seconds * 1e6, "bytes": k.bytes_moved, "bytes_written": k.bytes_written,
+                 "gbps": k.gbps, "pct_bandwidth": k.pct_of(self.bandwidth)}
                 for k in self.kernels
             ],
         }
@@ -98,20 +89,30 @@ def measure(fn: Callable[[], Any], min_run_time: float = 0.5) -> Any:
     return timer.blocked_autorange(min_run_time=min_run_time)
 
 
-def bandwidth_probes(numel: int = 1 << 25, device: str = "cpu") -> dict[str, float]:
-    """The machine's streaming rates over ``numel``-float buffers (128 MB by default), in GB/s
-    of memory traffic: a sum reads (1 stream), a copy into an existing buffer reads, reads
-    for ownership and writes (3), an out= add reads two (4). Each is the fastest of five
-    short medians, so one noisy stretch on a shared machine does not set the reference."""
+def bandwidth_probes(numel: int = 1 << 24, device: str = "cpu") -> dict[str, float]:
+    """The machine's streaming rates over ``numel``-float arrays, GB/s counted as STREAM does.
+
+    On CPU: STREAM loops compiled like minductor's kernels (``bench/stream.py``). On a GPU: a
+    copy into an existing buffer (2 arrays), an out= add (3) and a sum (1), each the fastest
+    of five short medians."""
+    if device == "cpu":
+        from minductor.bench.stream import stream_probes
+
+        return stream_probes(numel)
     a, b, c = (torch.randn(numel, device=device) for _ in range(3))
-    probes = {"sum": (lambda: a.sum(), 1), "copy": (lambda: c.copy_(a), 3), "add": (lambda: torch.add(a, b, out=c), 4)}
+    probes = {"copy": (lambda: c.copy_(a), 2), "add": (lambda: torch.add(a, b, out=c), 3), "read": (lambda: a.sum(), 1)}
     return {name: streams * numel * a.element_size() / min(median_time(fn, 0.2) for _ in range(5)) / 1e9
             for name, (fn, streams) in probes.items()}
 
 
-def measure_bandwidth(numel: int = 1 << 25, device: str = "cpu") -> float:
-    """Peak memory traffic rate, GB/s: the best of ``bandwidth_probes``."""
-    return max(bandwidth_probes(numel, device).values())
+def streaming_bandwidth(probes: dict[str, float]) -> float:
+    """The reference of ``% of bandwidth``: the best rate that streams into an existing buffer
+    (copy, add, triad). A kernel that only reads (a reduction) may exceed it."""
+    return max(v for name, v in probes.items() if name != "read")
+
+
+def measure_bandwidth(numel: int = 1 << 24, device: str = "cpu") -> float:
+    return streaming_bandwidth(bandwidth_probes(numel, device))
 
 
 def run_workload(name: str, fn: Callable[..., Any], args: Sequence[Any], *, with_inductor: bool = True,
@@ -222,9 +223,9 @@ def time_kernels(module: Any, args: Sequence[Any], min_run_time: float) -> list[
             name = match.group(1)
             buffers = [b for b in re.findall(r"c_void_p\((\w+)\.data_ptr\(\)\)", match.group(2)) if b in local]
             roles = pointer_roles(namespace.get(f"{name}_source", ""), name)
-            moved, traffic = _bytes(buffers, roles, local)
+            moved, written = _bytes(buffers, roles, local)
             seconds = median_time(lambda line=line: exec(line, namespace, local), min_run_time)  # noqa: S102
-            out.append(KernelTiming(name, seconds, moved, traffic_bytes=traffic))
+            out.append(KernelTiming(name, seconds, moved, bytes_written=written))
         else:
             exec(line, namespace, local)  # noqa: S102
     return out
@@ -245,13 +246,12 @@ def pointer_roles(source: str, name: str) -> list[str]:
 
 
 def _bytes(buffers: list[str], roles: list[str], local: dict[str, Any]) -> tuple[int, int]:
-    """(bytes read + written, memory traffic) of a kernel call over ``buffers``."""
+    """(bytes read + written, bytes written) of a kernel call over ``buffers``."""
     sizes = [local[b].untyped_storage().nbytes() for b in buffers]
-    if len(roles) != len(sizes):  # unknown roles: every buffer counted once
-        return sum(sizes), sum(sizes)
+    if len(roles) != len(sizes):  # unknown roles: every buffer counted once, as read
+        return sum(sizes), 0
     moved = sum(size * (2 if role == "rw" else 1) for size, role in zip(sizes, roles))
-    write_allocate = sum(size for size, role in zip(sizes, roles) if role == "w")
-    return moved, moved + write_allocate
+    return moved, sum(size for size, role in zip(sizes, roles) if role != "r")
 
 
 def _time_triton(name: str, line: str, namespace: dict[str, Any], local: dict[str, Any]) -> KernelTiming:
