@@ -250,3 +250,18 @@ def test_var_mean_keepdim_tuple() -> None:
 def test_any_all_uint8_keep_dtype() -> None:
     x = torch.tensor([[0, 1, 2], [0, 0, 0]], dtype=torch.uint8)
     check(lambda x: (x.any(1), x.all(1), x.any(), x.all()), x)
+
+
+@pytest.mark.parametrize("cols", [3000, 700, 130], ids=["tiles1024", "tiles256", "tiles64"])
+def test_strided_dim_reductions_in_wide_column_tiles(cols: int) -> None:
+    """Reducing dim 0 walks column tiles of up to 1024 values per row; widths that leave a
+    partial last tile, with a NaN and ties planted, every reduction kind."""
+    torch.manual_seed(0)
+    x = torch.randn(67, cols)
+    x[5, cols - 3] = NAN
+    x[7, 11] = x[9, 11] = 9.0  # argmax tie: the first index wins
+    check_named({
+        "sum": lambda x: x.sum(0), "amax": lambda x: x.amax(0), "amin": lambda x: x.amin(0),
+        "argmax": lambda x: x.argmax(0), "var": lambda x: x.var(0), "any": lambda x: (x > 2).any(0),
+        "mean_keepdim": lambda x: x.mean(0, keepdim=True), "prod": lambda x: (x * 0.01 + 1).prod(0),
+    }, x, rtol=1e-5, atol=1e-5)

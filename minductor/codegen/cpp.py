@@ -41,8 +41,10 @@ PARALLEL_THRESHOLD = 32768
 # MAX_LANES on long rows, where more independent add chains keep up with memory
 LANES = 8
 MAX_LANES = 32
-# outer-lane mode (reducing along a strided dim): columns per tile, a few cache lines wide
-OUTER_LANES = 64
+# outer-lane mode (reducing along a strided dim): columns per tile. Each row of a tile is a
+# contiguous run of that many values; runs of a whole page (1024 floats) let the hardware
+# prefetcher stream each thread's rows (x.sum(0) at 4096x4096: 64 -> 2.85 ms, 1024 -> 1.57 ms)
+OUTER_LANE_WIDTHS = (1024, 256, 64)
 ARGS_PLACEHOLDER = "MI_KERNEL_ARGS"
 # edge of the 2-D tiles used when a pointwise kernel reads a transposed buffer (x.t() + y at 4096:
 # 64 -> 20.3 ms, 32 -> 28.5 ms with gathers on an AVX-512 Xeon)
@@ -287,9 +289,7 @@ class CppKernel:
         only_reductions = len(loops) == 1 and all(n.is_reduction() for n in loops[0].nodes)
         self.tile_var = self._outer_lane_var(merged_outer)
         if self.tile_var is not None:
-            # wide tiles use whole cache lines, but leave every thread some tiles
-            width = V.graph.sizevars.hint(merged_outer.sizes[-1])
-            self.outer_lanes = OUTER_LANES if width >= OUTER_LANES * 16 else LANES
+            self.outer_lanes = outer_lane_width(V.graph.sizevars.hint(merged_outer.sizes[-1]), torch.get_num_threads())
         if n_outer == 0 and only_reductions and parallel:
             self.emit_parallel_reduction(code, loops[0])
         else:
@@ -674,6 +674,15 @@ class CppKernel:
                 out.writeline(line.replace(ARGS_PLACEHOLDER, ", ".join(names)))
         out.writeline("}")
         return out.getvalue()
+
+
+def outer_lane_width(width: int, threads: int) -> int:
+    """Columns per tile when reducing along a strided dim: as wide as leaves every thread a
+    tile (wider rows stream better), whole cache lines at least, single vectors on narrow data."""
+    for lanes in OUTER_LANE_WIDTHS:
+        if width >= lanes * max(threads, 1) or (lanes == OUTER_LANE_WIDTHS[-1] and width >= lanes * 16):
+            return lanes
+    return LANES
 
 
 def _in_store_order(dims: MergedDims, nodes: Sequence[SchedulerNode]) -> MergedDims:
