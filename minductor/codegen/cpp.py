@@ -29,7 +29,7 @@ from minductor import config
 from minductor.codegen.cpp_ops import CppOps, cpp_constant
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.runtime.cache import gathers_enabled
-from minductor.scheduler.deps import MemoryDep
+from minductor.scheduler.deps import MemoryDep, StarDep
 from minductor.scheduler.nodes import FusedGroup, SchedulerNode
 from minductor.virtualized import V
 
@@ -137,7 +137,9 @@ class CppKernel:
         self.stage: StagedTile | None = None  # 2-D tile mode: loads staged transposed
         self.mask_depth = 0  # inside masked(): loads there must not run unconditionally
         self.masks: list[str] = []  # enclosing masks, innermost last
-        self.uses_error_flag = False  # an indirect index is bounds-checked into mi_err[0]
+        self.uses_error_flag = False  # a check (index range, divisor) records failures in mi_bad
+        self.innermost: str | None = None  # the innermost loop variable of the body being generated
+        self.scatters = False  # stores through indirect indices or combining stores: a serial loop
         self.internal: frozenset[str] = frozenset()  # written here, read nowhere else (wrapper)
         self.written_over: dict[str, str] = {}  # output -> dying input whose storage it takes (wrapper)
         self.local: dict[str, str] = {}  # of those, kept in a per-iteration local: name -> C++ name
@@ -202,7 +204,7 @@ class CppKernel:
         self.body = saved
         other_str = cpp_constant(other, torch.bool if isinstance(other, bool) else (torch.float64 if isinstance(other, float) else torch.int64))
         text = inner.getvalue()
-        if "mi_err" not in text and "[&]" not in text:
+        if "mi_bad" not in text and "[&]" not in text:
             self.body.splice(inner)
             return self.cse.generate(self.body, f"{mask} ? {value} : static_cast<decltype({value})>({other_str})")
         fn = self.cse.newvar()
@@ -212,6 +214,30 @@ class CppKernel:
             self.body.writeline(f"return {value};")
         self.body.writeline("};")
         return self.cse.generate(self.body, f"{mask} ? {fn}() : static_cast<decltype({fn}())>({other_str})")
+
+    def varies_in_innermost_loop(self, var: str) -> bool:
+        """Whether the body's value ``var`` depends on the innermost loop variable (read off the
+        expressions that define it); True when that is unknown."""
+        if self.innermost is None:
+            return True
+        definitions = {v: e for e, v in self.cse.cache.items()}
+        seen: set[str] = set()
+        pending = [var]
+        while pending:
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            expr = definitions.get(name)
+            if expr is None:
+                if name.startswith("tmp"):
+                    return True  # defined outside the CSE table (a lambda): assume it varies
+                continue
+            names = set(re.findall(r"\b[A-Za-z_]\w*\b", expr))
+            if self.innermost in names or "mi_lane" in names:
+                return True
+            pending.extend(n for n in names if n.startswith("tmp"))
+        return False
 
     def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, rtype: str, value: str) -> Any:
         key = f"{rtype}({value})"
@@ -280,8 +306,11 @@ class CppKernel:
         outer_numel = sympy.Mul(*outer) if outer else sympy.Integer(1)
         inner_work = sum((sympy.Mul(*(lp.pw_inner + lp.red)) for lp in loops), sympy.Integer(0))
         work = V.graph.sizevars.hint(outer_numel * sympy.Max(inner_work, 1))
-        # a scatter (indirect or combining store) runs serially: no races, eager's order
+        # a scatter (indirect or combining store) runs serially: no races, eager's order; and no
+        # `omp simd` either, which would promise the vectorizer that no two lanes store to one place
         parallel = work >= PARALLEL_THRESHOLD and not any(n.node.mutates for n in self.group.nodes)
+        self.scatters = any(n.node.mutates and (n.node.store_mode is not None or any(isinstance(d, StarDep) for d in n.read_writes.writes))
+                            for n in self.group.nodes)
         code = CodeBuffer()
         code.writeline(f"// Source nodes: {', '.join(self.group.names())}")
         for n in self.group.nodes:
@@ -416,6 +445,7 @@ class CppKernel:
             self.body, self.prefix, self.suffix = CodeBuffer(), CodeBuffer(), CodeBuffer()
             self.substitution = dict(outer.substitution)
             self.stage = StagedTile(v1, s1, v2, s2) if not gathers_enabled(config.cxx) else None
+            self.innermost = str(v1)
             with V.set_ops(CppOps(self)), V.set_kernel(self):
                 for node in loop.nodes:
                     node.run(make_vars("x", len(self.group.outer)), [])
@@ -460,6 +490,9 @@ class CppKernel:
         self.lanes = inner_lanes(self.last_red_size, thread_chunk)
         self.welford_rw = len(merged_red.variables) == 1 and self.tile_var is None
         self.welford_accs: list[tuple[str, str]] = []  # (accumulator, compute type) kept as arrays
+        innermost = ([self.tile_var] if self.tile_var is not None else merged_red.variables or merged_pw.variables
+                     or outer.variables)
+        self.innermost = str(innermost[-1]) if innermost else None
         with V.set_ops(CppOps(self)), V.set_kernel(self):
             for node in loop.nodes:
                 node.run(make_vars("x", n_outer) + pw_vars, red_vars)
@@ -659,21 +692,48 @@ class CppKernel:
         if self.uses_error_flag:
             params.append("int64_t* mi_err")
             names.append("mi_err")
+        flag = self.uses_error_flag
+        if self.scatters:
+            code.lines = _without_simd(code.lines)
+            self.helpers = [(fn, extra, _buffer(_without_simd(block.lines))) for fn, extra, block in self.helpers]
         out = CodeBuffer()
         out.writeline('#include "minductor_prelude.h"')
         out.writeline("")
         for fn, extra, block in self.helpers:
             sig = ", ".join(params + ([extra] if extra else []))
             out.writeline(f"static __attribute__((noinline)) void {fn}({sig})")
-            out.lines.extend(block.lines)
+            out.writeline("{")
+            with out.indent(open_brace=False):
+                out.lines.extend(_with_error_flag(block.lines, out._indent) if flag else block.lines)
+            out.writeline("}")
             out.writeline("")
         out.writeline(f'extern "C" void {self.name}({", ".join(params)})')
         out.writeline("{")
         with out.indent(open_brace=False):
-            for line in code.lines:
-                out.writeline(line.replace(ARGS_PLACEHOLDER, ", ".join(names)))
+            lines = [line.replace(ARGS_PLACEHOLDER, ", ".join(names)) for line in code.lines]
+            for line in _with_error_flag(lines, 0) if flag else lines:
+                out.writeline(line)
         out.writeline("}")
         return out.getvalue()
+
+
+def _without_simd(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.strip() != "#pragma omp simd"]
+
+
+def _buffer(lines: list[str]) -> CodeBuffer:
+    buf = CodeBuffer()
+    buf.lines = lines
+    return buf
+
+
+def _with_error_flag(lines: list[str], indent: int) -> list[str]:
+    """A function body whose checks OR failures into ``mi_bad``: declare it, make it a
+    reduction variable of every OpenMP loop (parallel and simd), and publish it at the end."""
+    pad = "    " * indent
+    body = [line + " reduction(|:mi_bad)" if line.lstrip().startswith("#pragma omp") else line for line in lines]
+    return [f"{pad}int64_t mi_bad = 0;", *body,
+            f"{pad}if (mi_bad) __atomic_fetch_or(mi_err, mi_bad, __ATOMIC_RELAXED);"]
 
 
 def outer_lane_width(width: int, threads: int) -> int:

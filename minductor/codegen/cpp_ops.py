@@ -214,7 +214,8 @@ class CppOps:
         if re.fullmatch(r"static_cast<[\w:]+>\(-?\d+(\.\d*)?(LL)?\)", defining) and not re.search(r"\(-?0(\.0*)?(LL)?\)$", defining):
             return
         self.kernel.uses_error_flag = True
-        self.kernel.body.writeline(f"mi_check_divisor<{_t(a)}>({b}, mi_err);")
+        self.kernel.uses_error_flag = True
+        self.kernel.body.writeline(f"mi_check_divisor<{_t(a)}>({b}, mi_bad);")
 
     def pow(self, a: str, b: str) -> str:
         return self._cse(f"mi_pow<{_t(a)}>({a}, {b})")
@@ -302,9 +303,17 @@ class CppOps:
         size_str = self.kernel.index_str(size)
         var = self._cse(f"static_cast<int64_t>({x} < 0 ? {x} + {size_str} : {x})")
         if check and config.bounds_check:
-            # out of range: record it for the wrapper to raise, and read a safe element instead
+            # out of range: flag it for the wrapper to raise, and read a safe element instead
             self.kernel.uses_error_flag = True
-            self.kernel.body.writeline(f"if ({var} < 0 || {var} >= {size_str}) {{ mi_err[0] = 1; {var} = 0; }}")
+            if self.kernel.varies_in_innermost_loop(var) and not self.kernel.scatters:
+                # a gather: no branch, so the loop still vectorizes (scatters never do)
+                ok = self._cse(f"({var} >= 0) & ({var} < {size_str})")
+                self.kernel.body.writeline(f"mi_bad |= {ok} ? 0 : 1;")
+                var = self._cse(f"{ok} ? {var} : static_cast<int64_t>(0)")
+            else:
+                # the same index for the whole inner loop (an embedding row): a branch the compiler
+                # hoists out of the loop (unswitching), which then reads the row contiguously
+                self.kernel.body.writeline(f"if ({var} < 0 || {var} >= {size_str}) {{ mi_err[0] = 1; {var} = 0; }}")
         return index_symbol(var)
 
     def constant(self, value: bool | float, dtype: torch.dtype) -> str:

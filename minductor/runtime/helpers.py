@@ -52,7 +52,7 @@ def check_index_error(flag: torch.Tensor, kernel: str) -> None:
     """Raise eager's error when a kernel flagged one: 1 = an out-of-range index (gather, index,
     scatter...), 2 = an integer division by zero."""
     code = int(flag[0])
-    if code == 2:
+    if code & 2:
         raise RuntimeError(f"ZeroDivisionError (minductor: integer division by zero in kernel {kernel}, "
                            "as eager raises for this input)")
     if code:

@@ -74,11 +74,13 @@ template <typename T> static inline T mi_wrap_neg(T a) {
     return static_cast<T>(0ULL - static_cast<unsigned long long>(a));
 }
 // integer division by zero: flag it for the wrapper to raise eager's ZeroDivisionError
-template <typename T> static inline void mi_check_divisor(T b, int64_t* err) {
-    if constexpr (!mi_is_float<T>::value) {
-        if (b == 0) err[0] = 2;
-    }
+// Checks record a failure in the kernel's local flag ``mi_bad`` (1: index out of range,
+// 2: integer division by zero) without a branch, so checked loops still vectorize; the flag
+// reaches the wrapper's mi_err once per function.
+template <typename T> static inline void mi_check_divisor(T b, int64_t& bad) {
+    if constexpr (!mi_is_float<T>::value) bad |= (b == 0) ? 2 : 0;
 }
+
 template <typename T> static inline T mi_floordiv(T a, T b) {
     if constexpr (mi_is_float<T>::value) {
         if (b == 0) return a / b;
