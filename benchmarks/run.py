@@ -109,26 +109,26 @@ def bench_training(with_inductor: bool) -> None:
     """Forward + backward + SGD step; static and dynamic minductor, eager, TorchInductor."""
     import copy
 
-    from minductor.bench.runner import median_time
+    from minductor.bench.runner import interleaved_medians
 
-    print("== training step (forward + backward + SGD with momentum)")
+    print("== training step (forward + backward + SGD with momentum; interleaved rounds, medians)")
     mlp = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.LayerNorm(1024), torch.nn.Linear(1024, 256))
     cases = [("mlp", mlp, torch.randn(256, 256)), ("transformer_block", Block(), torch.randn(8, 128, 256))]
     for name, model, x in cases:
-        row = []
         variants = [("eager", None), ("minductor", {"backend": "minductor"}),
                     ("minductor_dynamic", {"backend": "minductor", "dynamic": True})]
         if with_inductor:
             variants.append(("inductor", {}))
-        times = {}
-        for label, kwargs in variants:
-            torch._dynamo.reset()
+        torch._dynamo.reset()
+        steps = {}
+        for label, kwargs in variants:  # each variant compiles its own copy; all stay compiled
             m = copy.deepcopy(model)
             opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
             run = m if kwargs is None else torch.compile(m, **kwargs)
             _train_step(run, opt, x)
-            times[label] = median_time(lambda: _train_step(run, opt, x), 1.0)  # noqa: B023
-            row.append(f"{label} {times[label] * 1e3:.2f} ms")
+            steps[label] = lambda run=run, opt=opt: _train_step(run, opt, x)
+        times = {label: t.median for label, t in interleaved_medians(steps, 2.0).items()}
+        row = [f"{label} {t * 1e3:.2f} ms" for label, t in times.items()]
         ratios = [f"{times['eager'] / times['minductor']:.2f}x eager",
                   f"dynamic/static {times['minductor_dynamic'] / times['minductor']:.2f}"]
         if "inductor" in times:

@@ -37,11 +37,15 @@ def test_epilogue_of_a_matmul_writes_over_the_matmul_result(tmp_path: Path) -> N
 
 
 def test_softmax_writes_over_its_input_after_reading_each_row(tmp_path: Path) -> None:
-    """Softmax reads a row three times (max, sum, normalize): every read is in the row it
-    stores, and the first two loops finish before the store, so the output takes the input."""
+    """Softmax: a max loop, then exp(x - max) stored (over the dying product) and summed, then
+    the division stored over the exp: every read is in the row it stores, before the store. One
+    storage for the product, the exp and the result; exp evaluated once per element."""
     q, k = torch.randn(4, 64, 32), torch.randn(4, 64, 32)
     code = _compile(lambda q, k: (q @ k.transpose(1, 2)).softmax(-1), q, k, tmp_path=tmp_path, rtol=1e-5, atol=1e-5)
-    assert len(_in_place(code)) == 1, code
+    assert len(_in_place(code)) == 2, code  # exp over the product, the result over the exp
+    kernel = code.split("def call(args):")[0]
+    assert kernel.count("mi_exp(") == 1, kernel
+    assert metrics.buffers_allocated == 1  # the bmm output
 
 
 def test_residual_add_writes_over_a_dying_intermediate_and_is_returned(tmp_path: Path) -> None:

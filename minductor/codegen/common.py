@@ -125,11 +125,20 @@ class KernelArgs:
             self.inplace[name] = f"in_out_ptr{len(self.inplace)}"
 
     def declare_written_over(self, written_over: dict[str, str]) -> None:
-        """Outputs stored into the storage of an input that dies in this kernel (output ->
-        input): both names become one ``in_out_ptr``, passed as the output."""
-        for out, dying in sorted(written_over.items()):
+        """Outputs stored into the storage of a value that dies in this kernel (output -> that
+        value): they become one ``in_out_ptr``, passed under the last name of the chain (a
+        softmax's exp written over a matmul result, then its division over the exp)."""
+        next_of = {dying: out for out, dying in written_over.items()}
+
+        def last(name: str) -> str:
+            while name in next_of:
+                name = next_of[name]
+            return name
+
+        for out in sorted({last(o) for o in written_over}):
             self.inplace[out] = f"in_out_ptr{len(self.inplace)}"
-            self.dying[dying] = out
+        for name in next_of:
+            self.dying[name] = last(name)
 
     def input(self, name: str) -> str:
         if name in self.dying:
@@ -143,6 +152,8 @@ class KernelArgs:
         return self.inputs[name]
 
     def output(self, name: str) -> str:
+        if name in self.dying:  # a value stored and read back here, then written over
+            return self.inplace[self.dying[name]]
         if name in self.inplace:
             return self.inplace[name]
         if name not in self.outputs:

@@ -110,16 +110,21 @@ def plan_written_over(graph: Any, units: list[Any], last_use: dict[str, int], ou
     for i, unit in enumerate(units):
         if not isinstance(unit, FusedGroup) or unit.has_mutation() or unit.has_scan():
             continue
-        dying = sorted(n for n in unit.read_names() if last_use.get(n) == i and n in candidates)
+        # inputs dying here, and values this kernel stores and reads back itself (the exp of a
+        # softmax, read by its sum and its division: the division's output takes its storage)
+        dying = sorted(n for n in unit.read_names() | set(unit.names()) if last_use.get(n) == i and n in candidates)
+        taken: set[str] = set()
         for pos, writer in enumerate(unit.nodes):
             out = writer.node.name
-            if writer.is_reduction() or out in local or _key(writer.node.layout) is None:
+            if writer.is_reduction() or out in local or out in taken or _key(writer.node.layout) is None:
                 continue
             for name in dying:
-                if _key(candidates[name].layout) == _key(writer.node.layout) \
-                        and _reads_only_where_written(unit, pos, name, len(unit.outer)):
+                if name != out and _key(candidates[name].layout) == _key(writer.node.layout) \
+                        and _reads_only_where_written(unit, pos, name, len(unit.outer)) \
+                        and _stored_where_written(unit, pos, name, len(unit.outer)):
                     planned.setdefault(i, {})[out] = name
                     dying.remove(name)
+                    taken |= {name, out}
                     break
     return planned
 
@@ -157,6 +162,27 @@ def _reads_only_where_written(group: FusedGroup, writer_pos: int, name: str, n_o
             renamed = dep.index.xreplace({v: w for (v, _), (w, _) in zip(inner, writer_inner)})
             if sympy.expand(renamed - target) != 0:
                 return False
+    return True
+
+
+def _stored_where_written(group: FusedGroup, writer_pos: int, name: str, n_outer: int) -> bool:
+    """A value this kernel stores itself must be stored by an earlier pointwise node, at the
+    element the writer stores (so it is read back before the writer overwrites it)."""
+    stores = [(pos, d) for pos, n in enumerate(group.nodes) for d in n.read_writes.writes if d.name == name]
+    if not stores:
+        return True  # an input from outside the kernel
+    if any(group.nodes[pos].is_reduction() for pos, _ in stores):
+        return False  # a reduction result the kernel may keep in a local, never allocated
+    writer = group.nodes[writer_pos]
+    target = next(d for d in writer.read_writes.writes if d.name == writer.node.name).index
+    for pos, dep in stores:
+        if pos >= writer_pos or not isinstance(dep, MemoryDep):
+            return False
+        inner, writer_inner = _inner_vars(group.nodes[pos], n_outer), _inner_vars(writer, n_outer)
+        if [size for _, size in inner] != [size for _, size in writer_inner]:
+            return False
+        if sympy.expand(dep.index.xreplace({v: w for (v, _), (w, _) in zip(inner, writer_inner)}) - target) != 0:
+            return False
     return True
 
 

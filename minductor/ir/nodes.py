@@ -17,7 +17,7 @@ import torch
 
 from minductor.ir.indexing import make_vars
 from minductor.ir.layout import FixedLayout, FlexibleLayout
-from minductor.ir.ops import DefaultHandler, ops
+from minductor.ir.ops import TRANSCENDENTAL, DefaultHandler, ops
 from minductor.virtualized import V
 
 Expr = sympy.Expr
@@ -74,12 +74,13 @@ class Loops(IRNode):
     def get_device(self) -> torch.device:
         return self.device
 
-    def opcount(self) -> tuple[int, int]:
-        """(ops, loads) executed by one evaluation of the body, inlined producers included."""
+    def opcount(self) -> tuple[int, int, int]:
+        """(ops, loads, transcendental ops) executed by one evaluation of the body, inlined
+        producers included."""
         counter = _CountingHandler()
         with V.set_ops(counter):
             self._run_for_count()
-        return counter.ops, counter.loads
+        return counter.ops, counter.loads, counter.transcendental
 
     def _run_for_count(self) -> None:
         self.inner_fn(make_vars("i", len(self.ranges)))
@@ -160,9 +161,11 @@ class _CountingHandler(DefaultHandler):
     def __init__(self) -> None:
         self.ops = 0
         self.loads = 0
+        self.transcendental = 0
 
     def _default(self, name: str, args: tuple[Any, ...]) -> Any:
         self.ops += 1
+        self.transcendental += name in TRANSCENDENTAL
         return "v"
 
     def load(self, name: str, index: Expr) -> Any:
@@ -325,11 +328,15 @@ class StorageBox(IRNode):
         return self.data
 
     def realize_if_costly(self, users: int) -> None:
-        """Realization policy for a value with ``users`` consumers."""
+        """Realization policy for a value with ``users`` consumers: inline it into each (it is
+        recomputed there), unless it is big, or several read it and it is costly: many ops, many
+        loads, or a transcendental one (GELU before a layer norm, the exp of a softmax: stored
+        once and read back, usually by later loops of the same kernel, then written over)."""
         if not isinstance(self.data, Pointwise):
             return
-        n_ops, n_loads = self.data.opcount()
-        if n_ops > MAX_INLINE_OPCOUNT or users > 1 and (n_ops > REALIZE_OPCOUNT_THRESHOLD or n_loads > REALIZE_READS_THRESHOLD):
+        n_ops, n_loads, n_transcendental = self.data.opcount()
+        if n_ops > MAX_INLINE_OPCOUNT or users > 1 and (
+                n_ops > REALIZE_OPCOUNT_THRESHOLD or n_loads > REALIZE_READS_THRESHOLD or n_transcendental):
             self.realize()
 
 

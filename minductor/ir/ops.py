@@ -26,6 +26,12 @@ MEMORY = frozenset({"load", "store", "store_reduction", "index_expr", "indirect_
 OTHER = frozenset({"constant", "to_dtype", "masked", "reduction"})
 ALL_OPS = UNARY | BINARY | TERNARY | MEMORY | OTHER
 
+# ops costing tens of simple ones (a polynomial and range reduction each): a value computing
+# one is stored once rather than recomputed by each of several readers
+TRANSCENDENTAL = frozenset({"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin",
+                            "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc",
+                            "erfinv", "sigmoid", "lgamma", "pow", "atan2"})
+
 # combining stores of scatter-like ops; kernels holding one run serially (deterministic)
 STORE_MODES = frozenset({"add", "mul", "max", "min"})
 
