@@ -170,3 +170,18 @@ def test_planner_refuses_a_store_before_a_later_loop_reads_the_row() -> None:
         assert list(planned.get(groups[0], {})) == [group.nodes[1].node.name]
         group.nodes.reverse()  # the pointwise store first, the sum's loop after it
         assert groups[0] not in plan_written_over(graph, scheduler.units, scheduler.last_use, outputs)
+
+
+def test_gelu_then_layer_norm_stores_gelu_once_and_reduces_it_once(tmp_path: Path) -> None:
+    """GELU feeding a layer norm: the GELU (an erf) is stored once over the matmul result and
+    read back by the mean/variance loop, whose mean and m2 come from ONE welford accumulator
+    (a store elsewhere in the kernel must not make the two readers' loads look different)."""
+    x, w, b = torch.randn(64, 32), torch.randn(32, 128), torch.randn(128)
+    lw, lb = torch.randn(128), torch.randn(128)
+    # the mean and rstd are outputs too (as a training forward saves them): stored after the loop
+    code = _compile(lambda x: torch.native_layer_norm(F.gelu(torch.addmm(b, x, w)), (128,), lw, lb, 1e-5), x,
+                    tmp_path=tmp_path, rtol=1e-4, atol=1e-4)
+    kernel = code.split("def call(args):")[0]
+    assert kernel.count("mi_erf(") == 1, kernel
+    assert len(set(re.findall(r"(tmp_acc\d+)_mean\[", kernel))) == 1, kernel
+    assert _in_place(code), code

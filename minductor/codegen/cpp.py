@@ -186,9 +186,11 @@ class CppKernel:
         else:
             value = f"static_cast<{CPP_STORAGE_TYPES[dtype]}>({value})"
         buffer.writeline(f"{arg}[{self.index_str(index)}] = {value};")
-        # a later load through this pointer must see the store: several buffers may share it
-        # (written over in place), so loads cached before it are stale
-        self.cse.cache = {expr: var for expr, var in self.cse.cache.items() if f"{arg}[" not in expr}
+        if buffer is self.body:
+            # a later load through this pointer in the loop body must see the store: several
+            # buffers may share it (written over in place), so loads cached before it are stale
+            through = re.compile(rf"(?<!\w){arg}\[")
+            self.cse.cache = {expr: var for expr, var in self.cse.cache.items() if not through.search(expr)}
 
     def masked(self, mask: str, body: Callable[[], Any], other: bool | float) -> str:
         """``mask ? body() : other``. The body's loads read element 0 in masked-off lanes, so
