@@ -41,6 +41,19 @@ def test_prelude_functions_meet_float32_tolerances() -> None:
         torch.testing.assert_close(value, ref, equal_nan=True, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def test_exp_and_erf_near_their_limits() -> None:
+    """exp just below float32 overflow (finite up to ln(FLT_MAX) ~ 88.7228, inf above), through
+    underflow to 0, and erf saturating to +-1: every value as float64 rounded to float32 gives
+    (relative error < 1e-6 where exp is a normal float)."""
+    x = torch.cat([torch.linspace(88.0, 88.7228, 10_001), torch.linspace(88.7229, 95, 101),
+                   torch.linspace(-110, -80, 10_001), torch.linspace(-6, 6, 10_001)]).float()
+    got_exp, got_erf = torch.compile(lambda t: (t.exp(), t.erf()), backend="minductor")(x)
+    ref = x.double().exp()
+    torch.testing.assert_close(got_exp, ref.float(), rtol=1e-6, atol=2.4e-38)  # below 2^-125 may flush to 0
+    assert torch.isinf(got_exp[x > 88.7229]).all() and torch.isfinite(got_exp[x <= 88.7228]).all()
+    torch.testing.assert_close(got_erf, x.double().erf().float(), rtol=1e-6, atol=0)
+
+
 @pytest.mark.xfail(reason="issue 3: mi_sin/mi_cos reduce by pi/2 in double, which loses precision past |x| ~ 1e9 and all of it "
                           "past ~4e15 (a Payne-Hanek reduction is not written yet)", strict=True)
 def test_sin_cos_of_huge_arguments() -> None:

@@ -146,22 +146,27 @@ template <typename T> static inline T mi_sign(T a) {
 // Branch-free float32 math so loops under `omp simd` vectorize (libm calls do not).
 // Accurate to a few ulp; NaN/inf behave as in libm. double uses libm.
 static inline float mi_exp(float x) {
-    float xc = x > 88.3762626647949f ? 88.3762626647949f : x;
-    xc = xc < -87.3365447505531f ? -87.3365447505531f : xc;
-    float n = __builtin_floorf(xc * 1.44269504088896341f + 0.5f);
-    float r = xc - n * 0.693359375f;
+    // relative error < 1e-7 where e^x is a normal float; results below 2^-125 flush to 0.
+    // Clamped (NaN passes: written as min/max that return their second operand) to where the
+    // scale 2^(n-1) is a normal float; n = rint(x / ln2) from the 1.5 * 2^23 shifter, whose low
+    // mantissa bits hold n: no rounding or conversion instruction.
+    float xc = 88.75f < x ? 88.75f : x;
+    xc = -87.5f > xc ? -87.5f : xc;
+    float t = xc * 1.44269504088896341f + 12582912.0f;
+    float n = t - 12582912.0f;
+    float r = xc - n * 0.693359375f;  // x - n ln2, ln2 in two parts
     r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500E-4f;
-    p = p * r + 1.3981999507E-3f;
-    p = p * r + 8.3334519073E-3f;
-    p = p * r + 4.1665795894E-2f;
-    p = p * r + 1.6666665459E-1f;
-    p = p * r + 5.0000001201E-1f;
-    p = p * r * r + r + 1.0f;
-    float out = p * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
-    out = x > 88.72283905206835f ? __builtin_inff() : out;
-    out = x < -87.3365447505531f ? 0.0f : out;
-    return x != x ? x : out;
+    // 2 e^r: the factor 2 makes the scale 2^(n-1), so e^x just below FLT_MAX stays finite
+    float p = 3.9751383000E-4f;
+    p = p * r + 2.7963999014E-3f;
+    p = p * r + 1.6666903815E-2f;
+    p = p * r + 8.3331591788E-2f;
+    p = p * r + 3.3333330918E-1f;
+    p = p * r + 1.0000000240f;
+    p = p * r + 2.0f;
+    p = p * r + 2.0f;
+    int32_t scale = (__builtin_bit_cast(int32_t, t) + 126) << 23;  // 2^(n-1); 0 for n = -126
+    return p * __builtin_bit_cast(float, scale);
 }
 static inline double mi_exp(double x) { return __builtin_exp(x); }
 
@@ -212,28 +217,26 @@ static inline float mi_tanh(float x) {
 static inline double mi_tanh(double x) { return __builtin_tanh(x); }
 
 static inline float mi_erf(float x) {
-    // relative error < 6e-7 everywhere (float32 rtol is 1.3e-6); both branches are short
-    // polynomials, computed and blended so loops under `omp simd` vectorize
-    float ax = __builtin_fabsf(x);
-    float z = x * x;
-    // |x| < 0.5: odd Taylor series of erf, 6 terms
-    float s = -0.0008548327023450852f;
-    s = s * z + 0.005223977625442188f;
-    s = s * z - 0.026866170645131252f;
-    s = s * z + 0.11283791670955126f;
-    s = s * z - 0.37612638903183754f;
-    s = s * z + 1.1283791670955126f;
-    float small = x * s;
-    // |x| >= 0.5: Abramowitz & Stegun 7.1.26, 1 - t P(t) exp(-x^2), absolute error < 3e-7
-    float t = 1.0f / (1.0f + 0.3275911f * ax);
-    float r = 1.061405429f;
-    r = r * t - 1.453152027f;
-    r = r * t + 1.421413741f;
-    r = r * t - 0.284496736f;
-    r = r * t + 0.254829592f;
-    float big = __builtin_copysignf(1.0f - r * t * mi_exp(-z), x);
-    float out = ax < 0.5f ? small : big;
-    return x != x ? x : out;
+    // relative error < 4e-7: x P(x^2) / Q(x^2) on [-4, 4] (odd numerator of degree 13, even
+    // denominator of degree 8; the form XLA uses for float32), and +-1 beyond (erf(4) rounds to 1
+    // in float32). One division, no exp, no branch; NaN passes the clamps (min/max returning
+    // their second operand) and propagates
+    float xc = 4.0f < x ? 4.0f : x;
+    xc = -4.0f > xc ? -4.0f : xc;
+    float z = xc * xc;
+    float p = -2.72614225801306e-10f;
+    p = p * z + 2.77068142495902e-08f;
+    p = p * z - 2.10102402082508e-06f;
+    p = p * z - 5.69250639462346e-05f;
+    p = p * z - 7.34990630326855e-04f;
+    p = p * z - 2.95459980854025e-03f;
+    p = p * z - 1.60960333262415e-02f;
+    float q = -1.45660718464996e-05f;
+    q = q * z - 2.13374055278905e-04f;
+    q = q * z - 1.68282697438203e-03f;
+    q = q * z - 7.37332916720468e-03f;
+    q = q * z - 1.42647390514189e-02f;
+    return xc * (p / q);  // p / q first: x p would go subnormal for tiny x
 }
 static inline double mi_erf(double x) { return __builtin_erf(x); }
 
