@@ -619,24 +619,41 @@ class CppKernel:
                 code.writeline(f"const int64_t {var} = mi_base + mi_lane;")
                 code.splice(self.body)
         code.writeline("}")
+        welford = {acc for acc, _ in self.welford_accs}
+        for acc, ctype in self.welford_accs:
+            # every lane has seen the same count w: their combination has the mean of the lane
+            # means and adds w times the spread of those means to the m2s (no division per lane);
+            # it goes to lane 0, which the tail then keeps updating
+            w = f"static_cast<{ctype}>((mi_main - {begin}) / {lanes})"
+            code.writeline("{")
+            with code.indent(open_brace=False):
+                code.writeline(f"{ctype} mi_sum = 0, mi_m2 = 0;")
+                code.writeline("#pragma omp simd reduction(+:mi_sum)")
+                code.writeline(f"for (int mi_l = 0; mi_l < {lanes}; mi_l++) mi_sum += {acc}_mean[mi_l];")
+                code.writeline(f"const {ctype} mi_mean = mi_sum / static_cast<{ctype}>({lanes});")
+                code.writeline("#pragma omp simd reduction(+:mi_m2)")
+                code.writeline(f"for (int mi_l = 0; mi_l < {lanes}; mi_l++) mi_m2 += {acc}_m2[mi_l] + {w} * "
+                               f"(({acc}_mean[mi_l] - mi_mean) * ({acc}_mean[mi_l] - mi_mean));")
+                code.writeline(f"{acc}_mean[0] = mi_mean; {acc}_m2[0] = mi_m2;")
+            code.writeline("}")
         code.writeline(f"for (int64_t {var} = mi_main; {var} < {end}; {var}++)")
         with code.indent():
             code.writeline("const int64_t mi_lane = 0;")
             if tail is not None:
                 code.splice(tail)
             else:
-                code.writeline(f"const double mi_rw = 1.0 / static_cast<double>((mi_main - {begin}) / {lanes} + ({var} - mi_main) + 1);")
+                if welford:  # lane 0 holds all (mi_main - begin) values so far
+                    code.writeline(f"const double mi_rw = 1.0 / static_cast<double>({var} - {begin} + 1);")
                 code.splice(self.body)
         for _ in outer_dims:
             code._indent -= 1
             code.writeline("}")
         for acc, ctype in self.welford_accs:
-            t = f"MiWelford<{ctype}>"
-            code.writeline(f"{t} {acc}_lanes[{lanes}];")
-            code.writeline(f"const {ctype} {acc}_w = static_cast<{ctype}>((mi_main - {begin}) / {lanes});")
-            code.writeline(f"for (int mi_l = 0; mi_l < {lanes}; mi_l++) {acc}_lanes[mi_l] = {t}{{{acc}_mean[mi_l], {acc}_m2[mi_l], {acc}_w}};")
-            code.writeline(f"{acc}_lanes[0].weight += static_cast<{ctype}>({end} - mi_main);")
+            code.writeline(f"MiWelford<{ctype}> {acc} = MiWelford<{ctype}>{{{acc}_mean[0], {acc}_m2[0], "
+                           f"static_cast<{ctype}>({end} - {begin})}};")
         for acc, acc_type, _, combine in self.accumulators:
+            if acc in welford:
+                continue
             code.writeline(f"{acc_type} {acc} = {acc}_lanes[0];")
             code.writeline(f"for (int mi_l = 1; mi_l < {lanes}; mi_l++) {acc} = {combine.format(a=acc, b=f'{acc}_lanes[mi_l]')};")
             if tail is not None:
