@@ -17,6 +17,9 @@ static inline int64_t mi_max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 // unconditionally (a bitwise select keeps it branch-free: a vectorized gather)
 static inline int64_t mi_masked_index(bool mask, int64_t index) { return index & -static_cast<int64_t>(mask); }
 
+// the math helpers are always inlined: a kernel of many loops can exhaust GCC's inlining
+// budget for the unit, and one call left in a loop keeps the whole loop scalar
+#define MI_MATH static inline __attribute__((always_inline))
 #define MI_INF __builtin_inf()
 #define MI_NAN __builtin_nan("")
 
@@ -53,19 +56,22 @@ static inline float mi_round_bf16(float v) { return mi_bf16_to_float(mi_float_to
 static inline float mi_round_half(float v) { return static_cast<float>(static_cast<mi_half>(v)); }
 
 // NaN-propagating maximum/minimum (torch.maximum semantics)
-template <typename T> static inline T mi_maximum(T a, T b) {
+// (two selects of one compare each: early returns made GCC 12 give up some loops)
+template <typename T> MI_MATH T mi_maximum(T a, T b) {
     if constexpr (mi_is_float<T>::value) {
-        if (a != a) return a;
-        if (b != b) return b;
+        T r = !(a <= b) ? a : b;  // a when a is NaN
+        return b != b ? b : r;
+    } else {
+        return a > b ? a : b;
     }
-    return a > b ? a : b;
 }
-template <typename T> static inline T mi_minimum(T a, T b) {
+template <typename T> MI_MATH T mi_minimum(T a, T b) {
     if constexpr (mi_is_float<T>::value) {
-        if (a != a) return a;
-        if (b != b) return b;
+        T r = !(a >= b) ? a : b;
+        return b != b ? b : r;
+    } else {
+        return a < b ? a : b;
     }
-    return a < b ? a : b;
 }
 
 // Python-style floor division and modulo
@@ -137,7 +143,7 @@ template <typename T> static inline T mi_fma(T a, T b, T c) {
     else if constexpr (mi_same<T, double>::value) return __builtin_fma(a, b, c);
     else return static_cast<T>(a * b + c);
 }
-template <typename T> static inline T mi_sign(T a) {
+template <typename T> MI_MATH T mi_sign(T a) {
     if constexpr (mi_is_float<T>::value) {
         if (a != a) return a;
     }
@@ -145,7 +151,7 @@ template <typename T> static inline T mi_sign(T a) {
 }
 // Branch-free float32 math so loops under `omp simd` vectorize (libm calls do not).
 // Accurate to a few ulp; NaN/inf behave as in libm. double uses libm.
-static inline float mi_exp(float x) {
+MI_MATH float mi_exp(float x) {
     // relative error < 1e-7 where e^x is a normal float; results below 2^-125 flush to 0.
     // Clamped (NaN passes: written as min/max that return their second operand) to where the
     // scale 2^(n-1) is a normal float; n = rint(x / ln2) from the 1.5 * 2^23 shifter, whose low
@@ -170,14 +176,17 @@ static inline float mi_exp(float x) {
 }
 static inline double mi_exp(double x) { return __builtin_exp(x); }
 
-static inline float mi_log(float x) {
+MI_MATH float mi_log(float x) {
+    // every select is on floats, and NaN/negative is one compare: mixing int selects and an ||
+    // of compares made GCC 12 give up vectorizing loops where log follows another function
     bool den = x < 1.17549435e-38f;
     float xs = den ? x * 8388608.0f : x;
     int32_t bits = __builtin_bit_cast(int32_t, xs);
-    int32_t e = ((bits >> 23) & 0xff) - 126 - (den ? 23 : 0);
+    float fe = static_cast<float>(((bits >> 23) & 0xff) - 126);
+    fe = den ? fe - 23.0f : fe;
     float m = __builtin_bit_cast(float, (bits & 0x007fffff) | 0x3f000000);
     bool small = m < 0.707106781186547524f;
-    e = small ? e - 1 : e;
+    fe = small ? fe - 1.0f : fe;
     m = small ? m + m - 1.0f : m - 1.0f;
     float z = m * m;
     float y = 7.0376836292E-2f;
@@ -190,17 +199,16 @@ static inline float mi_log(float x) {
     y = y * m - 2.4999993993E-1f;
     y = y * m + 3.3333331174E-1f;
     y = y * m * z;
-    float fe = static_cast<float>(e);
     y += -2.12194440e-4f * fe;
     y += -0.5f * z;
     float out = m + y + 0.693359375f * fe;
     out = x == 0.0f ? -__builtin_inff() : out;
     out = x == __builtin_inff() ? x : out;
-    return (x < 0.0f || x != x) ? __builtin_nanf("") : out;
+    return x >= 0.0f ? out : __builtin_nanf("");  // NaN and negatives
 }
 static inline double mi_log(double x) { return __builtin_log(x); }
 
-static inline float mi_tanh(float x) {
+MI_MATH float mi_tanh(float x) {
     float ax = __builtin_fabsf(x);
     float z = x * x;
     float p = -5.70498872745E-3f;
@@ -216,7 +224,7 @@ static inline float mi_tanh(float x) {
 }
 static inline double mi_tanh(double x) { return __builtin_tanh(x); }
 
-static inline float mi_erf(float x) {
+MI_MATH float mi_erf(float x) {
     // relative error < 4e-7: x P(x^2) / Q(x^2) on [-4, 4] (odd numerator of degree 13, even
     // denominator of degree 8; the form XLA uses for float32), and +-1 beyond (erf(4) rounds to 1
     // in float32). One division, no exp, no branch; NaN passes the clamps (min/max returning
@@ -241,7 +249,7 @@ static inline float mi_erf(float x) {
 static inline double mi_erf(double x) { return __builtin_erf(x); }
 
 // sin/cos: quadrant from a double-precision reduction by pi/2, then float polynomials
-static inline float mi_sincos_poly(float r, int32_t q, bool want_cos) {
+MI_MATH float mi_sincos_poly(float r, int32_t q, bool want_cos) {
     float z = r * r;
     float s = r + r * z * (-1.6666654611E-1f + z * (8.3321608736E-3f + z * -1.9515295891E-4f));
     float c = 1.0f - 0.5f * z + z * z * (4.166664568298827E-2f + z * (-1.388731625493765E-3f + z * 2.443315711809948E-5f));
@@ -249,7 +257,7 @@ static inline float mi_sincos_poly(float r, int32_t q, bool want_cos) {
     float v = (k & 1) ? c : s;
     return (k & 2) ? -v : v;
 }
-static inline void mi_reduce_pi2(float x, float& r, int32_t& q) {
+MI_MATH void mi_reduce_pi2(float x, float& r, int32_t& q) {
     double xd = static_cast<double>(x);
     double k = __builtin_floor(xd * 0.63661977236758134308 + 0.5);
     double rd = xd - k * 1.5707963267341256523;
@@ -257,33 +265,41 @@ static inline void mi_reduce_pi2(float x, float& r, int32_t& q) {
     r = static_cast<float>(rd);
     q = static_cast<int32_t>(k - 4.0 * __builtin_floor(k * 0.25));
 }
-static inline float mi_sin(float x) {
+MI_MATH float mi_sin(float x) {
+    // NaN or inf in one compare (a || of two compares made GCC 12 give up vectorizing some
+    // loops that hold an exp too)
+    const bool finite = __builtin_fabsf(x) < __builtin_inff();
     float r; int32_t q;
-    mi_reduce_pi2(__builtin_isinf(x) ? 0.0f : x, r, q);
+    mi_reduce_pi2(finite ? x : 0.0f, r, q);
     float out = mi_sincos_poly(r, q, false);
-    return (x != x || __builtin_isinf(x)) ? __builtin_nanf("") : out;
+    return finite ? out : __builtin_nanf("");
 }
-static inline float mi_cos(float x) {
+MI_MATH float mi_cos(float x) {
+    // NaN or inf in one compare (a || of two compares made GCC 12 give up vectorizing some
+    // loops that hold an exp too)
+    const bool finite = __builtin_fabsf(x) < __builtin_inff();
     float r; int32_t q;
-    mi_reduce_pi2(__builtin_isinf(x) ? 0.0f : x, r, q);
+    mi_reduce_pi2(finite ? x : 0.0f, r, q);
     float out = mi_sincos_poly(r, q, true);
-    return (x != x || __builtin_isinf(x)) ? __builtin_nanf("") : out;
+    return finite ? out : __builtin_nanf("");
 }
 static inline double mi_sin(double x) { return __builtin_sin(x); }
 static inline double mi_cos(double x) { return __builtin_cos(x); }
 
-template <typename T> static inline T mi_sigmoid(T a) { return T(1) / (T(1) + mi_exp(-a)); }
-template <typename T> static inline T mi_relu(T a) {
-    if constexpr (mi_is_float<T>::value) { if (a != a) return a; }
-    return a > T(0) ? a : T(0);
+template <typename T> MI_MATH T mi_sigmoid(T a) { return T(1) / (T(1) + mi_exp(-a)); }
+template <typename T> MI_MATH T mi_relu(T a) {
+    // one select (NaN is not <= 0, so it passes): an early return for NaN made GCC give up
+    // vectorizing a loop that also holds an exp and a sin
+    if constexpr (mi_is_float<T>::value) return !(a <= T(0)) ? a : T(0);
+    else return a > T(0) ? a : T(0);
 }
-template <typename T> static inline T mi_abs(T a) {
+template <typename T> MI_MATH T mi_abs(T a) {
     if constexpr (mi_same<T, bool>::value) return a;
     else if constexpr (mi_is_float<T>::value) return mi_c_fabs(a);
     else return a < 0 ? -a : a;
 }
-template <typename T> static inline T mi_rsqrt(T a) { return T(1) / mi_c_sqrt(a); }
-template <typename T> static inline T mi_reciprocal(T a) { return T(1) / a; }
+template <typename T> MI_MATH T mi_rsqrt(T a) { return T(1) / mi_c_sqrt(a); }
+template <typename T> MI_MATH T mi_reciprocal(T a) { return T(1) / a; }
 template <typename T> static inline auto mi_shl(T a, T b) {
     return (b < 0 || b >= T(sizeof(T) * 8)) ? T(0) : static_cast<T>(a << b);
 }
