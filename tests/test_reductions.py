@@ -265,3 +265,16 @@ def test_strided_dim_reductions_in_wide_column_tiles(cols: int) -> None:
         "argmax": lambda x: x.argmax(0), "var": lambda x: x.var(0), "any": lambda x: (x > 2).any(0),
         "mean_keepdim": lambda x: x.mean(0, keepdim=True), "prod": lambda x: (x * 0.01 + 1).prod(0),
     }, x, rtol=1e-5, atol=1e-5)
+
+
+def test_outer_lane_tiles_count_the_batch_as_parallel_work() -> None:
+    """Channels-last mean over H, W: 16 channels of 2 images on 2 threads are one 16-wide tile per
+    image (each thread streams whole cache lines), not two 8-wide tiles reading half of each."""
+    from minductor.codegen.cpp import outer_lane_width
+
+    assert outer_lane_width(16, threads=2, other_outer=2) == 16
+    assert outer_lane_width(16, threads=2, other_outer=1) == 8
+    assert outer_lane_width(4096, threads=2, other_outer=1) == 1024
+    x = torch.randn(2, 16, 64, 64).to(memory_format=torch.channels_last)
+    fn = lambda t: torch.relu(t).mean((2, 3))
+    torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x), rtol=1e-5, atol=1e-5)

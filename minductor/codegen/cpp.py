@@ -323,7 +323,8 @@ class CppKernel:
         only_reductions = len(loops) == 1 and all(n.is_reduction() for n in loops[0].nodes)
         self.tile_var = self._outer_lane_var(merged_outer)
         if self.tile_var is not None:
-            self.outer_lanes = outer_lane_width(V.graph.sizevars.hint(merged_outer.sizes[-1]), torch.get_num_threads())
+            other = math.prod(V.graph.sizevars.hint(size) for size in merged_outer.sizes[:-1])
+            self.outer_lanes = outer_lane_width(V.graph.sizevars.hint(merged_outer.sizes[-1]), torch.get_num_threads(), other)
         if n_outer == 0 and only_reductions and parallel:
             self.emit_parallel_reduction(code, loops[0])
         else:
@@ -764,11 +765,18 @@ def _with_error_flag(lines: list[str], indent: int) -> list[str]:
             f"{pad}if (mi_bad) __atomic_fetch_or(mi_err, mi_bad, __ATOMIC_RELAXED);"]
 
 
-def outer_lane_width(width: int, threads: int) -> int:
+def outer_lane_width(width: int, threads: int, other_outer: int = 1) -> int:
     """Columns per tile when reducing along a strided dim: as wide as leaves every thread a
-    tile (wider rows stream better), whole cache lines at least, single vectors on narrow data."""
+    tile (wider rows stream better), whole cache lines at least, single vectors on narrow data.
+    ``other_outer`` parallel iterations outside the tiled dim (a batch) give threads work too:
+    16 channels of 2 images on 2 threads are one 16-wide tile per image, not two 8-wide tiles
+    that each read half of every cache line."""
+    tiles = -(-max(threads, 1) // max(other_outer, 1))
     for lanes in OUTER_LANE_WIDTHS:
-        if width >= lanes * max(threads, 1) or (lanes == OUTER_LANE_WIDTHS[-1] and width >= lanes * 16):
+        if width >= lanes * tiles or (lanes == OUTER_LANE_WIDTHS[-1] and width >= lanes * 16):
+            return lanes
+    for lanes in (32, 16):
+        if width >= lanes * tiles:
             return lanes
     return LANES
 
