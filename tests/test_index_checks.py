@@ -5,7 +5,6 @@ contiguously. Either way an out-of-range index raises like eager, and scatters s
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import vectorization_report
 
 from minductor import config
-from minductor.runtime.cache import compiler_flags
 
 
 def _kernel(fn: Callable[..., Any], *args: torch.Tensor, tmp_path: Path, **tol: float) -> Path:
@@ -26,10 +25,7 @@ def _kernel(fn: Callable[..., Any], *args: torch.Tensor, tmp_path: Path, **tol: 
 
 
 def _vectorized(source: Path, tmp_path: Path) -> bool:
-    flags = [f for f in compiler_flags(config.cxx) if f not in ("-shared", "-fPIC")]
-    proc = subprocess.run([config.cxx, *flags, "-c", str(source), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"],
-                          capture_output=True, text=True, check=True)
-    return "loop vectorized" in proc.stderr
+    return "loop vectorized" in vectorization_report(source, tmp_path)
 
 
 def test_gather_check_is_branch_free_and_vectorizes(tmp_path: Path) -> None:

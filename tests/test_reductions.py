@@ -270,7 +270,7 @@ def test_strided_dim_reductions_in_wide_column_tiles(cols: int) -> None:
 def test_outer_lane_tiles_count_the_batch_as_parallel_work() -> None:
     """Channels-last mean over H, W: 16 channels of 2 images on 2 threads are one 16-wide tile per
     image (each thread streams whole cache lines), not two 8-wide tiles reading half of each."""
-    from minductor.codegen.cpp import outer_lane_width
+    from minductor.codegen.loop_shapes import outer_lane_width
 
     assert outer_lane_width(16, threads=2, other_outer=2) == 16
     assert outer_lane_width(16, threads=2, other_outer=1) == 8

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import vectorization_report
+
 from minductor import config, metrics
 from minductor.runtime import cache
 
@@ -136,12 +138,8 @@ def test_strided_masked_loads_vectorize_with_our_flags(tmp_path: Path) -> None:
     """A 3x3/2 max-pool kernel (stride-2 loads under padding masks) must vectorize with the
     flags kernels compile with, whatever -mtune -march=native picks (GCC 12's "generic"
     tuning never emits gathers: that kernel then ran scalar, 12x slower)."""
-    from minductor.runtime.cache import compiler_flags
-
     with config.patch(debug=True, debug_dir=str(tmp_path / "dump")):
         torch.compile(lambda x: torch.nn.functional.max_pool2d(x, 3, 2, 1), backend="minductor")(torch.randn(2, 8, 32, 32))
     source = next((tmp_path / "dump").glob("graph_*/cpp_fused_max_pool2d_*.cpp"))
-    flags = [f for f in compiler_flags(config.cxx) if f not in ("-shared", "-fPIC")]
-    proc = subprocess.run([config.cxx, *flags, "-c", str(source), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"],
-                          capture_output=True, text=True, check=True)
-    assert "loop vectorized" in proc.stderr, proc.stderr[-2000:]
+    report = vectorization_report(source, tmp_path)
+    assert "loop vectorized" in report, report[-2000:]

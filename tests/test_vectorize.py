@@ -6,11 +6,11 @@ the flags kernels use, and the compiler's report must show each loop vectorized.
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import vectorization_report
 
 from minductor import config
 
@@ -20,14 +20,9 @@ BINARY = ["mi_maximum", "mi_minimum"]
 
 
 def _compile_report(source: str, tmp_path: Path) -> str:
-    from minductor.runtime.cache import compiler_flags
-
     path = tmp_path / "k.cpp"
     path.write_text(source)
-    flags = [f for f in compiler_flags(config.cxx) if f not in ("-shared", "-fPIC")]
-    proc = subprocess.run([config.cxx, *flags, "-c", str(path), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"],
-                          capture_output=True, text=True, check=True)
-    return proc.stderr
+    return vectorization_report(path, tmp_path)
 
 
 def test_every_pair_of_prelude_functions_vectorizes(tmp_path: Path) -> None:
@@ -57,5 +52,5 @@ def test_generated_pointwise_kernels_vectorize(fn, tmp_path: Path) -> None:
     with config.patch(debug=True, debug_dir=str(tmp_path / "dump")):
         torch.testing.assert_close(torch.compile(fn, backend="minductor")(x, y), fn(x, y), equal_nan=True)
     (source,) = (tmp_path / "dump").glob("graph_*/cpp_fused_*.cpp")
-    report = _compile_report(source.read_text(), tmp_path)
+    report = vectorization_report(source, tmp_path)
     assert "loop vectorized" in report, report[-2000:]

@@ -8,10 +8,9 @@ pointwise loop. Contiguous dims are merged first so plain elementwise code is on
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import sympy
@@ -27,85 +26,29 @@ from minductor.codegen.common import (
 )
 from minductor import config
 from minductor.codegen.cpp_ops import CppOps, cpp_constant
+from minductor.codegen.loop_shapes import (
+    LANES,
+    TILE,
+    Loop,
+    MergedDims,
+    in_store_order,
+    inner_lanes,
+    joins,
+    linear_index,
+    merge_dims,
+    outer_lane_width,
+)
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.runtime.cache import gathers_enabled
 from minductor.scheduler.deps import MemoryDep, StarDep
-from minductor.scheduler.nodes import FusedGroup, SchedulerNode
+from minductor.scheduler.nodes import FusedGroup
 from minductor.virtualized import V
 
 Expr = sympy.Expr
 
 # below this many element-iterations a kernel runs on one thread
 PARALLEL_THRESHOLD = 32768
-# independent accumulators per reduction: at least one AVX2 vector of float, and up to
-# MAX_LANES on long rows, where more independent add chains keep up with memory
-LANES = 8
-MAX_LANES = 32
-# outer-lane mode (reducing along a strided dim): columns per tile. Each row of a tile is a
-# contiguous run of that many values; runs of a whole page (1024 floats) let the hardware
-# prefetcher stream each thread's rows (x.sum(0) at 4096x4096: 64 -> 2.85 ms, 1024 -> 1.57 ms)
-OUTER_LANE_WIDTHS = (1024, 256, 64)
 ARGS_PLACEHOLDER = "MI_KERNEL_ARGS"
-# edge of the 2-D tiles used when a pointwise kernel reads a transposed buffer (x.t() + y at 4096:
-# 64 -> 20.3 ms, 32 -> 28.5 ms with gathers on an AVX-512 Xeon)
-TILE = 64
-
-
-@dataclasses.dataclass
-class Loop:
-    """Nodes sharing one inner loop nest inside the outer loops."""
-
-    nodes: list[SchedulerNode]
-    pw_inner: list[Expr]
-    red: list[Expr]
-
-    def key(self) -> tuple[tuple[Expr, ...], tuple[Expr, ...]]:
-        return tuple(self.pw_inner), tuple(self.red)
-
-
-@dataclasses.dataclass
-class MergedDims:
-    """Loop dims after merging contiguous ones: loop variables, sizes, and the substitution
-    that maps original variables onto them."""
-
-    variables: list[sympy.Symbol]
-    sizes: list[Expr]
-    substitution: dict[sympy.Symbol, Expr]
-
-
-def merge_dims(variables: Sequence[sympy.Symbol], sizes: Sequence[Expr], exprs: Sequence[Expr], prefix: str) -> MergedDims:
-    """Merge adjacent dims ``i, i+1`` when every index uses them as one flat dim."""
-    groups: list[list[int]] = []
-    coeffs = [affine_coeffs(e, list(variables)) for e in exprs]
-    for i in range(len(variables)):
-        if groups and _mergeable(groups[-1][-1], i, variables, sizes, coeffs):
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    new_vars = make_vars(prefix, len(groups), start=0)
-    new_vars = [index_symbol(f"{prefix}{i}") for i in range(len(groups))]
-    sub: dict[sympy.Symbol, Expr] = {}
-    new_sizes = []
-    for var, group in zip(new_vars, groups):
-        size = sympy.Integer(1)
-        for i in group:
-            size = size * sizes[i]
-        new_sizes.append(size)
-        # v_last -> merged var, others -> 0: valid because each index is c * (flat index)
-        for i in group[:-1]:
-            sub[variables[i]] = sympy.Integer(0)
-        sub[variables[group[-1]]] = var
-    return MergedDims(new_vars, new_sizes, sub)
-
-
-def _mergeable(i: int, j: int, variables: Sequence[sympy.Symbol], sizes: Sequence[Expr], coeffs: list) -> bool:
-    vi, vj = variables[i], variables[j]
-    for c in coeffs:
-        if c is None:
-            return False
-        if c[vi] != c[vj] * sizes[j]:
-            return False
-    return True
 
 
 def kernel_name(group: FusedGroup, index: int) -> str:
@@ -283,7 +226,7 @@ class CppKernel:
         loops: list[Loop] = []
         for node in self.group.nodes:
             pw_inner, red = node.pw_ranges[n_outer:], node.red_ranges
-            if loops and loops[-1].key() == (tuple(pw_inner), tuple(red)) and _joins(loops[-1], node):
+            if loops and loops[-1].key() == (tuple(pw_inner), tuple(red)) and joins(loops[-1], node):
                 loops[-1].nodes.append(node)
             else:
                 loops.append(Loop([node], list(pw_inner), list(red)))
@@ -307,7 +250,7 @@ class CppKernel:
             {k: v.xreplace(rename) for k, v in merged_outer.substitution.items()},
         )
         if len(loops) == 1 and not loops[0].pw_inner and not loops[0].red:
-            merged_outer = _in_store_order(merged_outer, self.group.nodes)
+            merged_outer = in_store_order(merged_outer, self.group.nodes)
         outer_numel = sympy.Mul(*outer) if outer else sympy.Integer(1)
         inner_work = sum((sympy.Mul(*(lp.pw_inner + lp.red)) for lp in loops), sympy.Integer(0))
         work = V.graph.sizevars.hint(outer_numel * sympy.Max(inner_work, 1))
@@ -490,7 +433,7 @@ class CppKernel:
         self.substitution = outer.substitution | merged_pw.substitution | merged_red.substitution
         for v, s in zip(merged_pw.variables + merged_red.variables, merged_pw.sizes + merged_red.sizes):
             self.range_of[v] = s
-        self.rlinear = _linear(red_vars, loop.red)
+        self.rlinear = linear_index(red_vars, loop.red)
         self.accumulators = []
         self.last_red_size = merged_red.sizes[-1] if merged_red.sizes else sympy.Integer(1)
         self.lanes = inner_lanes(self.last_red_size, thread_chunk)
@@ -765,49 +708,6 @@ def _with_error_flag(lines: list[str], indent: int) -> list[str]:
             f"{pad}if (mi_bad) __atomic_fetch_or(mi_err, mi_bad, __ATOMIC_RELAXED);"]
 
 
-def outer_lane_width(width: int, threads: int, other_outer: int = 1) -> int:
-    """Columns per tile when reducing along a strided dim: as wide as leaves every thread a
-    tile (wider rows stream better), whole cache lines at least, single vectors on narrow data.
-    ``other_outer`` parallel iterations outside the tiled dim (a batch) give threads work too:
-    16 channels of 2 images on 2 threads are one 16-wide tile per image, not two 8-wide tiles
-    that each read half of every cache line."""
-    tiles = -(-max(threads, 1) // max(other_outer, 1))
-    for lanes in OUTER_LANE_WIDTHS:
-        if width >= lanes * tiles or (lanes == OUTER_LANE_WIDTHS[-1] and width >= lanes * 16):
-            return lanes
-    for lanes in (32, 16):
-        if width >= lanes * tiles:
-            return lanes
-    return LANES
-
-
-def _in_store_order(dims: MergedDims, nodes: Sequence[SchedulerNode]) -> MergedDims:
-    """The loops of a pointwise kernel (any order is valid) ordered like the memory of the
-    first store, largest stride outermost: a channels-last output (strides ``HWC, 1, WC, C``)
-    then has its channel loop innermost, stride 1, instead of ``W`` at stride ``C``."""
-    writes = [d for n in nodes for d in n.read_writes.writes if isinstance(d, MemoryDep)]
-    if len(dims.variables) < 2 or not writes:
-        return dims
-    coeffs = affine_coeffs(writes[0].index.xreplace(dims.substitution), dims.variables)
-    if coeffs is None or any(not sympy.sympify(coeffs[v]).is_Integer for v in dims.variables):
-        return dims
-    order = sorted(range(len(dims.variables)), key=lambda i: -int(coeffs[dims.variables[i]]))
-    if order == sorted(order) or int(coeffs[dims.variables[order[-1]]]) != 1:
-        return dims  # already in order, or no loop the store walks at stride 1
-    return MergedDims([dims.variables[i] for i in order], [dims.sizes[i] for i in order], dims.substitution)
-
-
-def inner_lanes(row: Expr, whole_range: bool = False) -> int:
-    """Accumulator lanes for a reduction over rows of ``row`` elements: more lanes hide the
-    add latency on long rows, fewer keep the final combine cheap on short ones."""
-    size = V.graph.sizevars.hint(row)
-    if whole_range:  # a full reduction: every thread streams a long chunk
-        return 2 * MAX_LANES
-    if size >= 1024:
-        return MAX_LANES
-    return 16 if size >= 256 else LANES
-
-
 class StagedTile:
     """Loads of a 2-D tile that are contiguous along the tile's outer variable ``v2`` while the
     inner loop runs along ``v1`` (the transposed operand of ``x.t() + y``): each is first copied
@@ -871,33 +771,6 @@ def _combine(mode: str, current: str, value: str) -> str:
         "max": f"mi_maximum<{t}>({current}, static_cast<{t}>({value}))",
         "min": f"mi_minimum<{t}>({current}, static_cast<{t}>({value}))",
     }[mode]
-
-
-def _linear(variables: Sequence[sympy.Symbol], sizes: Sequence[Expr]) -> Expr:
-    out: Expr = sympy.Integer(0)
-    stride: Expr = sympy.Integer(1)
-    for v, s in reversed(list(zip(variables, sizes))):
-        out = out + v * stride
-        stride = stride * s
-    return out
-
-
-def _joins(loop: Loop, node: SchedulerNode) -> bool:
-    """Whether ``node`` can run in ``loop``'s iteration (it reads nothing the loop has not
-    finished writing by the time the same iteration reaches it)."""
-    written = {}
-    for n in loop.nodes:
-        for d in n.read_writes.writes:
-            written[d.name] = (n, d)
-    for dep in node.read_writes.reads:
-        if dep.name not in written:
-            continue
-        writer, wdep = written[dep.name]
-        if writer.is_reduction() or not isinstance(dep, MemoryDep) or not isinstance(wdep, MemoryDep):
-            return False
-        if sympy.expand(dep.index - wdep.index) != 0:
-            return False
-    return True
 
 
 def _reduction_code(rtype: str, ctype: str, acc: str, value: str, rindex: str) -> tuple[str, str, str, str]:

@@ -24,7 +24,7 @@ import torch
 
 from minductor import config as settings
 from minductor.codegen.common import CodeBuffer, KernelArgs, KernelCode, py_index
-from minductor.codegen.cpp import Loop, _joins
+from minductor.codegen.loop_shapes import Loop, joins
 from minductor.codegen.triton_heuristics import BlockConfig, candidate_configs, next_power_of_2, pick_config
 from minductor.codegen.triton_ops import TRITON_TYPES, TV, TritonOps, compute_dtype, triton_constant
 from minductor.ir.indexing import FloorDiv, ModularIndexing, affine_coeffs, index_symbol, make_vars, simplify_index
@@ -297,7 +297,7 @@ class TritonKernel:
         loops: list[Loop] = []
         for node in self.group.nodes:
             pw_inner, red = node.pw_ranges[n_outer:], node.red_ranges
-            if loops and loops[-1].key() == (tuple(pw_inner), tuple(red)) and _joins(loops[-1], node):
+            if loops and loops[-1].key() == (tuple(pw_inner), tuple(red)) and joins(loops[-1], node):
                 loops[-1].nodes.append(node)
             else:
                 loops.append(Loop([node], list(pw_inner), list(red)))
