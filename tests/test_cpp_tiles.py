@@ -1,5 +1,6 @@
-"""2-D tiles for transposed pointwise access. Where the compiler emits no vector gathers, the
-transposed operand is staged per tile; with gathers it is loaded with its stride.
+"""2-D tiles for transposed pointwise access. A transposed operand of 4-byte values is staged
+per 16x16 block by a register transpose (``mi_transpose16``); other dtypes are staged by a
+scalar copy where the compiler emits no vector gathers and loaded with their stride where it does.
 
 Sizes are not multiples of the tile edge, so edge tiles are partial; a masked (padded) read
 of the transposed operand must not be staged (its loads may only run where the mask holds).
@@ -23,16 +24,26 @@ def compiled_code(fn, *args, tmp_path) -> str:
 
 
 @pytest.mark.parametrize("gathers", [True, False], ids=["gathers", "no_gathers"])
-def test_transposed_operands_are_staged_without_gathers(tmp_path, monkeypatch, gathers: bool) -> None:
+def test_transposed_operands_are_staged(tmp_path, monkeypatch, gathers: bool) -> None:
     monkeypatch.setattr(cpp, "gathers_enabled", lambda cxx: gathers)
     code = compiled_code(lambda x, y: x.t() + y, torch.randn(200, 131), torch.randn(131, 200), tmp_path=tmp_path / "a")
-    assert "mi_t1 += 64" in code  # 2-D tiles
-    assert ("mi_stage0" in code) == (not gathers)
+    assert "mi_t1 += 64" in code and "mi_transpose16(" in code  # 2-D tiles, full blocks in registers
     code = compiled_code(lambda x, y: x.transpose(1, 2) * y + x.transpose(1, 2).exp(),
                          torch.randn(3, 150, 133), torch.randn(3, 133, 150), tmp_path=tmp_path / "b")
-    assert ("mi_stage0" in code) == (not gathers) and "mi_stage1" not in code  # one staged block serves both reads
-    compiled_code(lambda x, y: (x.t() + y).half(), torch.randn(130, 67).half(), torch.randn(67, 130).half(),
-                  tmp_path=tmp_path / "c")
+    assert "mi_stage0" in code and "mi_stage1" not in code  # one staged block serves both reads
+    code = compiled_code(lambda x, y: x.t() * 3 + y, torch.randint(-9, 9, (160, 144), dtype=torch.int32),
+                         torch.randint(-9, 9, (144, 160), dtype=torch.int32), tmp_path=tmp_path / "i")
+    assert "mi_transpose16(" in code
+    code = compiled_code(lambda x, y: (x.t() + y).half(), torch.randn(150, 133).half(), torch.randn(133, 150).half(),
+                         tmp_path=tmp_path / "c")
+    assert ("mi_stage0" in code) == (not gathers) and "mi_transpose16(" not in code
+    code = compiled_code(lambda x, y: x.t() + y, torch.randn(140, 150, dtype=torch.float64),
+                         torch.randn(150, 140, dtype=torch.float64), tmp_path=tmp_path / "d")
+    assert ("mi_stage0" in code) == (not gathers) and "mi_transpose16(" not in code
+    # mixed: a 4-byte transposed operand in registers, a 2-byte one by scalar copies
+    code = compiled_code(lambda x, h, y: y + x.t() + h.t(), torch.randn(150, 140), torch.randn(150, 140).half(),
+                         torch.randn(140, 150), tmp_path=tmp_path / "m")
+    assert "mi_transpose16(" in code and code.count("alignas(64)") == (1 if gathers else 2)
 
 
 def test_masked_transposed_reads_are_not_staged(tmp_path, monkeypatch) -> None:

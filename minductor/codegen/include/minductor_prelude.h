@@ -420,3 +420,38 @@ static inline void mi_index_error(const char* kernel, int64_t index, int64_t siz
     // out-of-bounds indirect index: clamp is not PyTorch's semantics, so trap loudly
     __builtin_trap();
 }
+
+// Transpose a 16x16 block of 4-byte values: dst[b][a] = src[a * stride + b]. Sixteen row
+// loads, four rounds of two-input shuffles (32-bit pairs, 64-bit pairs, 128-bit and 256-bit
+// blocks), sixteen row stores: GCC's vector extension lowers the shuffles to vpermt2ps on
+// AVX-512 and to pairs of 256-bit shuffles elsewhere. Staging a transposed operand this way
+// instead of loading it with a 16 KB stride made x.t() + y at 4096 ~3x faster.
+typedef uint32_t mi_u32x16 __attribute__((vector_size(64)));
+#define MI_SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+template <typename T> MI_MATH void mi_transpose16(const T* __restrict__ src, int64_t stride, T* __restrict__ dst) {
+    static_assert(sizeof(T) == 4, "mi_transpose16 moves 4-byte values");
+    mi_u32x16 r[16], t[16], u[16];
+    for (int i = 0; i < 16; i++) __builtin_memcpy(&r[i], src + i * stride, 64);
+    for (int k = 0; k < 8; k++) {  // interleave 32-bit values of rows 2k, 2k+1 in each 128-bit lane
+        t[2 * k] = MI_SHUF(r[2 * k], r[2 * k + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29);
+        t[2 * k + 1] = MI_SHUF(r[2 * k], r[2 * k + 1], 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31);
+    }
+    for (int g = 0; g < 4; g++) {  // u[4g + m]: lane l holds column 4l + m of rows 4g .. 4g + 3
+        u[4 * g] = MI_SHUF(t[4 * g], t[4 * g + 2], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+        u[4 * g + 1] = MI_SHUF(t[4 * g], t[4 * g + 2], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+        u[4 * g + 2] = MI_SHUF(t[4 * g + 1], t[4 * g + 3], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+        u[4 * g + 3] = MI_SHUF(t[4 * g + 1], t[4 * g + 3], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    }
+    for (int m = 0; m < 4; m++) {  // gather lane l of u[m], u[4 + m], u[8 + m], u[12 + m]: column 4l + m
+        mi_u32x16 e0 = MI_SHUF(u[m], u[4 + m], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+        mi_u32x16 o0 = MI_SHUF(u[m], u[4 + m], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+        mi_u32x16 e1 = MI_SHUF(u[8 + m], u[12 + m], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+        mi_u32x16 o1 = MI_SHUF(u[8 + m], u[12 + m], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+        r[m] = MI_SHUF(e0, e1, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+        r[8 + m] = MI_SHUF(e0, e1, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+        r[4 + m] = MI_SHUF(o0, o1, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+        r[12 + m] = MI_SHUF(o0, o1, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    }
+    for (int i = 0; i < 16; i++) __builtin_memcpy(dst + i * 16, &r[i], 64);
+}
+#undef MI_SHUF
