@@ -142,6 +142,16 @@ def test_adaptive_pool2d(out: tuple[int, int | None]) -> None:
     check(lambda t: F.adaptive_max_pool2d(t, out, return_indices=True), x)
 
 
+def test_adaptive_avg_pool_big_windows() -> None:
+    """Windows above MAX_UNROLL: the rows of a 2-D window unrolled, its last dim reduced over
+    whole 16-lane vectors past the window's end (masked); a 3-D window too big to unroll
+    reduced over all its dims."""
+    check(lambda t: F.adaptive_avg_pool2d(t, 7), image(2, 5, 128, 121), exact=False)
+    check(lambda t: F.adaptive_avg_pool2d(t, (3, 2)), image(2, 3, 40, 41, dtype=torch.float16), exact=False)
+    check(lambda t: F.adaptive_avg_pool1d(t, 3), image(2, 3, 70), exact=False)
+    check(lambda t: F.adaptive_avg_pool3d(t, 2), image(1, 2, 30, 31, 33), exact=False)
+
+
 def test_adaptive_pool_1d_3d_half() -> None:
     check(lambda t: F.adaptive_avg_pool3d(t, (2, 3, 2)), image(2, 3, 5, 6, 7))
     check(lambda t: F.adaptive_max_pool3d(t, (2, 3, 2), return_indices=True), image(2, 3, 5, 6, 7))

@@ -28,6 +28,7 @@ from minductor import config
 from minductor.codegen.cpp_ops import CppOps, cpp_constant
 from minductor.codegen.loop_shapes import (
     LANES,
+    SHORT_ROW,
     TILE,
     Loop,
     MergedDims,
@@ -198,7 +199,7 @@ class CppKernel:
             acc_type, init, update, combine = _reduction_code(rtype, ctype, acc, value, self.index_str(self.rlinear))
             lane = f"{acc}_lanes[mi_lane]"
             update = _reduction_code(rtype, ctype, lane, value, self.index_str(self.rlinear))[2]
-            lanes = self.outer_lanes if self.tile_var is not None else self.lanes
+            lanes = self.outer_lanes if self.tile_var is not None else self.lane_slots
             if rtype == "welford_reduce" and self.welford_rw:
                 # every lane has seen the same count: one reciprocal per lane step, no division per
                 # element; mean and m2 live in separate arrays (structure of arrays) so the lane
@@ -446,6 +447,13 @@ class CppKernel:
         self.accumulators = []
         self.last_red_size = merged_red.sizes[-1] if merged_red.sizes else sympy.Integer(1)
         self.lanes = inner_lanes(self.last_red_size, thread_chunk)
+        # a short row of constant length is one vector loop over all of it (a lane per element),
+        # with no scalar tail; the lane arrays are padded with the identity to a power of two
+        # for the pairwise combine (a 20-wide pooling window: 16 + 4 lanes instead of 8 + 8 + 4)
+        self.lane_slots = self.lanes
+        if self.last_red_size.is_Integer and 1 < int(self.last_red_size) <= SHORT_ROW and not thread_chunk:
+            self.lanes = int(self.last_red_size)
+            self.lane_slots = 1 << (self.lanes - 1).bit_length()
         self.welford_rw = len(merged_red.variables) == 1 and self.tile_var is None
         self.welford_accs: list[tuple[str, str]] = []  # (accumulator, compute type) kept as arrays
         innermost = ([self.tile_var] if self.tile_var is not None else merged_red.variables or merged_pw.variables
@@ -610,7 +618,7 @@ class CppKernel:
             # a pairwise tree (halving, each level one vector op): a chain of lanes - 1 dependent
             # combines cost ~5% of a 4096-wide row sum
             pair = combine.format(a=f"{acc}_lanes[mi_l]", b=f"{acc}_lanes[mi_l + mi_w]")
-            code.writeline(f"for (int mi_w = {lanes} / 2; mi_w > 0; mi_w /= 2)")
+            code.writeline(f"for (int mi_w = {self.lane_slots} / 2; mi_w > 0; mi_w /= 2)")
             with code.indent():
                 code.writeline("#pragma omp simd")
                 code.writeline(f"for (int mi_l = 0; mi_l < mi_w; mi_l++) {acc}_lanes[mi_l] = {pair};")

@@ -19,6 +19,8 @@ Expr = sympy.Expr
 # MAX_LANES on long rows, where more independent add chains keep up with memory
 LANES = 8
 MAX_LANES = 32
+# a reduced row at most this long is one vector loop with a lane per element
+SHORT_ROW = 64
 # outer-lane mode (reducing along a strided dim): columns per tile. Each row of a tile is a
 # contiguous run of that many values; runs of a whole page (1024 floats) let the hardware
 # prefetcher stream each thread's rows (x.sum(0) at 4096x4096: 64 -> 2.85 ms, 1024 -> 1.57 ms)
