@@ -51,3 +51,13 @@ def test_masked_transposed_reads_are_not_staged(tmp_path, monkeypatch) -> None:
     code = compiled_code(lambda x, y: F.pad(x.t(), (1, 1, 1, 1)) + y, torch.randn(200, 300), torch.randn(302, 202),
                          tmp_path=tmp_path / "pad")
     assert "mi_stage" not in code
+
+
+def test_reads_constant_along_the_inner_loop_do_not_tile(tmp_path) -> None:
+    """An index vector (index_select) or a per-row value read along the outer dim is a
+    broadcast, not a transpose: plain row loops, no 2-D tiles."""
+    code = compiled_code(lambda x, i: x.index_select(0, i) * 2, torch.randn(200, 150), torch.randint(0, 200, (180,)),
+                         tmp_path=tmp_path / "a")
+    assert "mi_t1" not in code
+    code = compiled_code(lambda x, b: x + b[:, None], torch.randn(200, 150), torch.randn(200), tmp_path=tmp_path / "b")
+    assert "mi_t1" not in code

@@ -364,7 +364,9 @@ class CppKernel:
                 if coeffs is None:
                     continue
                 found_inner |= coeffs[inner] == 1
-                found_second |= coeffs[second] == 1 and coeffs[inner] != 1
+                # a read constant along the innermost loop (an index vector, a row bias) is a
+                # broadcast, not a transpose (index_select's indices made 64x64 tiles of a row copy)
+                found_second |= coeffs[second] == 1 and coeffs[inner] not in (0, 1)
         return found_inner and found_second
 
     def _store_contiguous_along(self, outer: MergedDims, var: sympy.Symbol, loop: Loop) -> bool:
