@@ -133,7 +133,7 @@ def inner_lanes(row: Expr, whole_range: bool = False) -> int:
         return 2 * MAX_LANES
     if size >= 1024:
         return MAX_LANES
-    return 16 if size >= 256 else LANES
+    return 16 if size >= 128 else LANES  # 16: one AVX-512 vector (attention rows of 128)
 
 def outer_lane_width(width: int, threads: int, other_outer: int = 1) -> int:
     """Columns per tile when reducing along a strided dim: as wide as leaves every thread a
