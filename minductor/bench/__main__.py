@@ -27,6 +27,18 @@ from minductor.bench.runner import (
 from minductor.bench.workloads import SUITES, make_workloads
 
 
+def cpu_name() -> str:
+    """The CPU's model name (ratios differ between CPUs of one architecture: record which)."""
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                    if ":" in line)
+    except OSError:
+        return platform.processor() or platform.machine()
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    # a VM may show only the brand: the family and model tell the microarchitecture
+    return f"{info.get('model name', '?')}, family {info.get('cpu family', '?')} model {info.get('model', '?')}"
+
+
 def _to(value: Any, device: str) -> Any:
     return torch.utils._pytree.tree_map(lambda v: v.to(device) if isinstance(v, (torch.Tensor, torch.nn.Module)) else v, value)
 
@@ -35,7 +47,7 @@ def run_suite(names: list[str], size: int, with_inductor: bool, min_run_time: fl
               device: str = "cpu") -> tuple[float, list[WorkloadReport]]:
     probes = bandwidth_probes(max(size * size, 1 << 20), device=device)  # arrays the size of a suite tensor
     bandwidth = streaming_bandwidth(probes)
-    print(f"machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
+    print(f"machine: {platform.machine()} ({cpu_name()}), {torch.get_num_threads()} threads, torch {torch.__version__}; "
           f"streaming bandwidth {bandwidth:.1f} GB/s (STREAM loops over {max(size * size, 1 << 20) * 4 >> 20} MB arrays: "
           + ", ".join(f"{name} {gbps:.1f}" for name, gbps in probes.items()) + ")", flush=True)
     workloads = make_workloads(size)
@@ -112,7 +124,7 @@ def main() -> None:
                                        "workloads": [r.to_json() for r in reports]}, indent=2))
     if ns.write_results:
         path = Path(__file__).resolve().parents[2] / "benchmarks" / "RESULTS.md"
-        header = (f"# Results\n\n{datetime.date.today()}, {platform.machine()} with {torch.get_num_threads()} threads, "
+        header = (f"# Results\n\n{datetime.date.today()}, {platform.machine()} ({cpu_name()}) with {torch.get_num_threads()} threads, "
                   f"torch {torch.__version__}, streaming bandwidth {bandwidth:.1f} GB/s, suite `{ns.suite or 'all'}`.\n\n")
         kernels = ("\n\n## Kernels\n\nEach kernel timed alone on the workload's inputs; bytes as STREAM counts them "
                    "(each buffer read or written once). % of streaming bandwidth: over the best of the runner's STREAM "

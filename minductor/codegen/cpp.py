@@ -29,6 +29,8 @@ from minductor.codegen.cpp_ops import CppOps, cpp_constant
 from minductor.codegen.loop_shapes import (
     LANES,
     SHORT_ROW,
+    SPLIT_ROWS_MIN,
+    SPLIT_ROWS_TILE,
     TILE,
     Loop,
     MergedDims,
@@ -78,6 +80,7 @@ class CppKernel:
         self.accumulators: list[tuple[str, str, str, str]] = []  # name, type, init, combine
         self.helpers: list[tuple[str, str, CodeBuffer]] = []  # per-block functions
         self.tile_var: sympy.Symbol | None = None
+        self.split_rows = False  # outer-lane mode with the reduced range split across threads
         self.stage: StagedTile | None = None  # 2-D tile mode: loads staged transposed
         self.mask_depth = 0  # inside masked(): loads there must not run unconditionally
         self.masks: list[str] = []  # enclosing masks, innermost last
@@ -271,6 +274,8 @@ class CppKernel:
             self.outer_lanes = outer_lane_width(V.graph.sizevars.hint(merged_outer.sizes[-1]), torch.get_num_threads(), other)
         if n_outer == 0 and only_reductions and parallel:
             self.emit_parallel_reduction(code, loops[0])
+        elif self._splits_rows(merged_outer, loops, parallel):
+            self.emit_split_rows(code, merged_outer, loops)
         else:
             if self.tile_var is None and len(loops) > 1:
                 self.local = {b: f"mi_local{i}" for i, b in enumerate(self._register_results(n_outer))}
@@ -295,6 +300,65 @@ class CppKernel:
             if all(isinstance(d, MemoryDep) and sympy.expand(d.index - index) == 0 for d in reads):
                 found.append(name)
         return found
+
+    def _splits_rows(self, outer: MergedDims, loops: list[Loop], parallel: bool) -> bool:
+        """Whether an outer-lane reduction (``x.sum(0)``) splits its reduced range across the
+        threads instead of its columns: each thread then streams whole rows of one contiguous
+        block of memory instead of a tile's short run per row (4 KB runs 16 KB apart: amax(0)
+        of 4096x4096 2.4 -> 1.65 ms on a Zen 5 VM)."""
+        if self.tile_var is None or not parallel or len(outer.variables) != 1:
+            return False
+        first, *rest = loops
+        if not all(n.is_reduction() for n in first.nodes) or any(lp.red or lp.pw_inner for lp in rest):
+            return False  # reductions first; then at most per-column epilogues (var's division)
+        return len(first.red) == 1 and V.graph.sizevars.hint(first.red[0]) >= SPLIT_ROWS_MIN
+
+    def emit_split_rows(self, code: CodeBuffer, outer: MergedDims, loops: list[Loop]) -> None:
+        """Each thread reduces a chunk of the rows into per-thread partials of every column
+        (tiles of ``SPLIT_ROWS_TILE`` columns); the partials then combine in thread order, so the
+        result is deterministic, and the stores run over the columns, then any epilogue."""
+        loop, *epilogues = loops
+        (var, size), = zip(outer.variables, outer.sizes)
+        self.range_of[var] = size
+        width = cpp_index(size)
+        self.split_rows = True
+        self.outer_lanes = min(SPLIT_ROWS_TILE, V.graph.sizevars.hint(size))
+        block = CodeBuffer()
+        block._indent = code._indent + 2  # inside the block and the parallel region below
+        block.writeline(f"for (int64_t mi_tile = 0; mi_tile < {width}; mi_tile += {self.outer_lanes})")
+        block.writeline("{")
+        with block.indent(open_brace=False):
+            block.writeline(f"const int64_t mi_count = mi_min_i64({self.outer_lanes}, {width} - mi_tile);")
+            self.emit_loop(block, outer, loop)
+        block.writeline("}")
+        code.writeline("{")
+        with code.indent(open_brace=False):
+            code.writeline("const int mi_nt = omp_get_max_threads() < MI_MAX_THREADS ? omp_get_max_threads() : MI_MAX_THREADS;")
+            for acc, acc_type, _, _ in self.accumulators:
+                code.writeline(f"{acc_type}* {acc}_partial = new {acc_type}[mi_nt * {width}];")
+            code.writeline("#pragma omp parallel num_threads(mi_nt)")
+            code.writeline("{")
+            with code.indent(open_brace=False):
+                code.writeline("const int64_t mi_tid = omp_get_thread_num(), mi_nthr = omp_get_num_threads();")
+                code.lines.extend(block.lines)
+            code.writeline("}")
+            code.writeline(f"for (int64_t {var} = 0; {var} < {width}; {var}++)")
+            with code.indent():
+                for acc, acc_type, _, combine in self.accumulators:
+                    code.writeline(f"{acc_type} {acc} = {acc}_partial[{var}];")
+                    code.writeline(f"for (int mi_t = 1; mi_t < mi_nt; mi_t++) "
+                                   f"{acc} = {combine.format(a=acc, b=f'{acc}_partial[mi_t * {width} + {var}]')};")
+                code.splice(self.suffix)
+            for acc, *_ in self.accumulators:
+                code.writeline(f"delete[] {acc}_partial;")
+            if epilogues:
+                code.writeline(f"for (int64_t mi_tile = 0; mi_tile < {width}; mi_tile += {self.outer_lanes})")
+                with code.indent():
+                    code.writeline(f"const int64_t mi_count = mi_min_i64({self.outer_lanes}, {width} - mi_tile);")
+                    self.split_rows = False
+                    for epilogue in epilogues:
+                        self.emit_loop(code, outer, epilogue)
+        code.writeline("}")
 
     def emit_outer(self, code: CodeBuffer, outer: MergedDims, loops: list[Loop], parallel: bool) -> None:
         n = len(outer.variables)
@@ -521,8 +585,13 @@ class CppKernel:
                 code.writeline(bind)
                 self._emit_pointwise_nest(code, pw)
             return
-        for var, size in zip(red.variables, red.sizes):
-            code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
+        for i, (var, size) in enumerate(zip(red.variables, red.sizes)):
+            if i == 0 and self.split_rows:  # this thread's chunk of the rows
+                code.writeline(f"const int64_t mi_chunk = ({cpp_index(size)} + mi_nthr - 1) / mi_nthr;")
+                code.writeline(f"const int64_t mi_end = mi_min_i64({cpp_index(size)}, (mi_tid + 1) * mi_chunk);")
+                code.writeline(f"for (int64_t {var} = mi_tid * mi_chunk; {var} < mi_end; {var}++)")
+            else:
+                code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
             code.writeline("{")
             code._indent += 1
         code.writeline("#pragma omp simd")
@@ -533,6 +602,14 @@ class CppKernel:
         for _ in red.variables:
             code._indent -= 1
             code.writeline("}")
+        if self.split_rows:
+            width = cpp_index(self.range_of[self.tile_var])
+            code.writeline("#pragma omp simd")
+            code.writeline(lane_loop)
+            with code.indent():
+                for acc, *_ in self.accumulators:
+                    code.writeline(f"{acc}_partial[mi_tid * {width} + mi_tile + mi_lane] = {acc}_lanes[mi_lane];")
+            return
         code.writeline(lane_loop)
         with code.indent():
             code.writeline(bind)
