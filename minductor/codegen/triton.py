@@ -235,9 +235,9 @@ class TritonKernel:
         self.uses_atomics = True
         out.writeline(f"{_ATOMICS[mode]}({ptr}, {stored}{', ' + mask if mask else ''}, sem='relaxed')")
 
-    def indirect_indexing(self, x: TV, size: Expr, check: bool) -> Expr:
+    def indirect_indexing(self, x: TV, size: Expr, check: bool, wrap: bool = True) -> Expr:
         size_s, _ = self.index_str(size)
-        var = self.cse_value(f"tl.where({x} < 0, {x} + {_paren(size_s)}, {x})", x.dtype, x.dims)
+        var = self.cse_value(f"tl.where({x} < 0, {x} + {_paren(size_s)}, {x})", x.dtype, x.dims) if wrap else x
         if check:
             # out of range: record it for the wrapper to raise, and read a safe element instead
             self.uses_error_flag = True

@@ -336,8 +336,8 @@ class TritonOps:
         code = f"({index}).to({t})" if dims else f"tl.full([], {index}, {t})"
         return self.kernel.cse_value(code, compute_dtype(dtype), dims)
 
-    def indirect_indexing(self, x: TV, size: Expr, check: bool = True) -> Expr:
-        return self.kernel.indirect_indexing(x, size, check)
+    def indirect_indexing(self, x: TV, size: Expr, check: bool = True, wrap: bool = True) -> Expr:
+        return self.kernel.indirect_indexing(x, size, check, wrap)
 
     def constant(self, value: bool | float, dtype: torch.dtype) -> TV:
         dtype = compute_dtype(dtype)

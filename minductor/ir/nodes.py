@@ -172,7 +172,7 @@ class _CountingHandler(DefaultHandler):
         self.loads += 1
         return "v"
 
-    def indirect_indexing(self, x: Any, size: Expr, check: bool = True) -> Expr:
+    def indirect_indexing(self, x: Any, size: Expr, check: bool = True, wrap: bool = True) -> Expr:
         return sympy.Integer(0)
 
     def masked(self, mask: Any, body: Callable[[], Any], other: Any) -> Any:

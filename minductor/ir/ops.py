@@ -276,9 +276,11 @@ class Ops:
         """The value of an index expression, as a scalar of ``dtype``."""
         return V.ops.index_expr(expr, dtype)
 
-    def indirect_indexing(self, x: Any, size: sympy.Expr, check: bool = True) -> sympy.Expr:
-        """Turn a loaded integer value into a symbol usable inside index expressions."""
-        return V.ops.indirect_indexing(x, size, check)
+    def indirect_indexing(self, x: Any, size: sympy.Expr, check: bool = True, wrap: bool = True) -> sympy.Expr:
+        """Turn a loaded integer value into a symbol usable inside index expressions. ``wrap``:
+        a negative value counts from the end (indexing); without it, a negative value is out of
+        range (gather, index_select and embedding reject it)."""
+        return V.ops.indirect_indexing(x, size, check, wrap)
 
     def constant(self, value: bool | float, dtype: torch.dtype) -> Any:
         return V.ops.constant(value, dtype)
@@ -534,8 +536,8 @@ class DefaultHandler:
     def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> Any:
         return self._default("index_expr", (expr, dtype))
 
-    def indirect_indexing(self, x: Any, size: sympy.Expr, check: bool = True) -> sympy.Expr:
-        return self._default("indirect_indexing", (x, size, check))
+    def indirect_indexing(self, x: Any, size: sympy.Expr, check: bool = True, wrap: bool = True) -> sympy.Expr:
+        return self._default("indirect_indexing", (x, size, check, wrap))
 
     def constant(self, value: bool | float, dtype: torch.dtype) -> Any:
         return self._default("constant", (value, dtype))

@@ -39,9 +39,9 @@ def _dim(d: int, ndim: int) -> int:
 
 def _index_no_wrap(value: Any, size: Expr, dtype: torch.dtype) -> Expr:
     """An index symbol for ops where eager rejects negative indices (gather, index_select,
-    embedding): a negative value is mapped past the end, so the bounds check raises."""
-    negative = ops.lt(value, ops.constant(0, dtype))
-    return ops.indirect_indexing(ops.where(negative, ops.index_expr(size, dtype), value), size)
+    embedding): a negative value is not counted from the end but out of range, so the bounds
+    check raises (one unsigned compare per element in C++)."""
+    return ops.indirect_indexing(value, size, wrap=False)
 
 
 def _pointwise(x: TensorBox, size: Sequence[Expr], inner_fn: Any, origin: str, *inputs: Any) -> TensorBox:

@@ -96,7 +96,7 @@ class RecordingHandler(DefaultHandler):
         self.rw.index_exprs.append(simplify_index(expr, self.var_ranges))
         return "v"
 
-    def indirect_indexing(self, x: Any, size: Expr, check: bool = True) -> Expr:
+    def indirect_indexing(self, x: Any, size: Expr, check: bool = True, wrap: bool = True) -> Expr:
         self._indirect += 1
         return index_symbol(f"indirect{self._indirect}")
 
