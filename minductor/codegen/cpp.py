@@ -31,6 +31,7 @@ from minductor.codegen.loop_shapes import (
     SHORT_ROW,
     SPLIT_ROWS_MIN,
     SPLIT_ROWS_TILE,
+    STAGED_TILE,
     TILE,
     Loop,
     MergedDims,
@@ -454,23 +455,24 @@ class CppKernel:
         (v2, s2), (v1, s1) = second, inner
         if self._store_contiguous_along(outer, v2, loop):
             (v2, s2), (v1, s1) = (v1, s1), (v2, s2)  # vectorize along the stores, gather the loads
-        code.writeline(f"for (int64_t mi_t0 = 0; mi_t0 < {cpp_index(s2)}; mi_t0 += {TILE})")
-        code.writeline(f"for (int64_t mi_t1 = 0; mi_t1 < {cpp_index(s1)}; mi_t1 += {TILE})")
+        self.body, self.prefix, self.suffix = CodeBuffer(), CodeBuffer(), CodeBuffer()
+        self.substitution = dict(outer.substitution)
+        self.stage = StagedTile(v1, s1, v2, s2, gathers=gathers_enabled(config.cxx))
+        self.innermost = str(v1)
+        with V.set_ops(CppOps(self)), V.set_kernel(self):
+            for node in loop.nodes:
+                node.run(make_vars("x", len(self.group.outer)), [])
+        stage, self.stage = self.stage, None
+        # staged tiles are walked in SUB x SUB blocks; their tiles are larger (longer runs per row)
+        tile = STAGED_TILE if stage.fills else TILE
+        code.writeline(f"for (int64_t mi_t0 = 0; mi_t0 < {cpp_index(s2)}; mi_t0 += {tile})")
+        code.writeline(f"for (int64_t mi_t1 = 0; mi_t1 < {cpp_index(s1)}; mi_t1 += {tile})")
         code.writeline("{")
         with code.indent(open_brace=False):
-            self.body, self.prefix, self.suffix = CodeBuffer(), CodeBuffer(), CodeBuffer()
-            self.substitution = dict(outer.substitution)
-            self.stage = StagedTile(v1, s1, v2, s2, gathers=gathers_enabled(config.cxx))
-            self.innermost = str(v1)
-            with V.set_ops(CppOps(self)), V.set_kernel(self):
-                for node in loop.nodes:
-                    node.run(make_vars("x", len(self.group.outer)), [])
-            stage, self.stage = self.stage, None
-            # with staged loads, the tile is walked in SUB x SUB blocks that fit the stages
             step, lo0, lo1 = (stage.SUB, "mi_s0", "mi_s1") if stage.fills else (TILE, "mi_t0", "mi_t1")
             if stage.fills:
-                code.writeline(f"for (int64_t mi_s0 = mi_t0; mi_s0 < mi_min_i64(mi_t0 + {TILE}, {cpp_index(s2)}); mi_s0 += {step})")
-                code.writeline(f"for (int64_t mi_s1 = mi_t1; mi_s1 < mi_min_i64(mi_t1 + {TILE}, {cpp_index(s1)}); mi_s1 += {step})")
+                code.writeline(f"for (int64_t mi_s0 = mi_t0; mi_s0 < mi_min_i64(mi_t0 + {tile}, {cpp_index(s2)}); mi_s0 += {step})")
+                code.writeline(f"for (int64_t mi_s1 = mi_t1; mi_s1 < mi_min_i64(mi_t1 + {tile}, {cpp_index(s1)}); mi_s1 += {step})")
                 code.writeline("{")
                 code._indent += 1
                 stage.emit_fills(code)

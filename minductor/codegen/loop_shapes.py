@@ -32,6 +32,9 @@ OUTER_LANE_WIDTHS = (1024, 256, 64)
 # edge of the 2-D tiles used when a pointwise kernel reads a transposed buffer (x.t() + y at 4096:
 # 64 -> 20.3 ms, 32 -> 28.5 ms with gathers on an AVX-512 Xeon)
 TILE = 64
+# with the transposed operand staged by a register transpose, longer runs per row pay
+# (x.t() + y at 4096: 64 -> 128 about 4% faster on a Zen 5 VM; 256 was slower)
+STAGED_TILE = 128
 
 
 @dataclasses.dataclass
