@@ -37,13 +37,6 @@ def _dim(d: int, ndim: int) -> int:
     return d + ndim if d < 0 else d
 
 
-def _index_no_wrap(value: Any, size: Expr, dtype: torch.dtype) -> Expr:
-    """An index symbol for ops where eager rejects negative indices (gather, index_select,
-    embedding): a negative value is not counted from the end but out of range, so the bounds
-    check raises (one unsigned compare per element in C++)."""
-    return ops.indirect_indexing(value, size, wrap=False)
-
-
 def _pointwise(x: TensorBox, size: Sequence[Expr], inner_fn: Any, origin: str, *inputs: Any) -> TensorBox:
     return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), inner_fn, list(size),
                                       origins=origins_of(x, *inputs) | {origin}))
@@ -105,7 +98,7 @@ def gather(x: TensorBox, dim: int, index: TensorBox, sparse_grad: bool = False) 
 
     def inner_fn(idx: Sequence[Expr]) -> Any:
         full = list(idx)
-        full[dim] = _index_no_wrap(index_load(idx), size[dim], index.get_dtype())
+        full[dim] = ops.indirect_indexing(index_load(idx), size[dim], wrap=False)  # eager rejects negatives
         return load(full)
 
     return _pointwise(x, index.get_size(), inner_fn, "gather", index)
@@ -126,7 +119,7 @@ def index_select(x: TensorBox, dim: int, index: TensorBox) -> TensorBox:
     def inner_fn(idx: Sequence[Expr]) -> Any:
         full = list(idx)
         position = [idx[dim]] if len(index.get_size()) == 1 else []
-        full[dim] = _index_no_wrap(index_load(position), size[dim], index.get_dtype())
+        full[dim] = ops.indirect_indexing(index_load(position), size[dim], wrap=False)
         return load(full)
 
     return _pointwise(x, out_size, inner_fn, "index_select", index)
@@ -143,7 +136,7 @@ def embedding(weight: TensorBox, indices: TensorBox, padding_idx: int = -1, scal
     n = len(indices.get_size())
 
     def inner_fn(idx: Sequence[Expr]) -> Any:
-        row = _index_no_wrap(index_load(list(idx[:n])), rows, indices.get_dtype())
+        row = ops.indirect_indexing(index_load(list(idx[:n])), rows, wrap=False)
         return load([row, idx[n]])
 
     return _pointwise(weight, list(indices.get_size()) + [dim], inner_fn, "embedding", indices)

@@ -318,7 +318,7 @@ def _avg_pool_args(x: TensorBox, kernel_size: Any, stride: Any, padding: Any, ce
 
 
 def _window_sum(x: TensorBox, n: int, kernel: list[int], position: Position,
-                size: list[Expr], compute: torch.dtype, name: str, last_reach: int | None = None) -> Callable[[Sequence[Expr]], Any]:
+                size: list[Expr], compute: torch.dtype, name: str) -> Callable[[Sequence[Expr]], Any]:
     """A loader for the sum over each output's window (``position(dim, out, k)`` =
     (input position, mask)): unrolled in row-major order, or a Reduction for big windows."""
     load = x.make_loader()
@@ -354,7 +354,7 @@ def _window_sum(x: TensorBox, n: int, kernel: list[int], position: Position,
                 total = ops.add(total, element(outer, out, [*ks, rindex[0]]))
             return total
 
-        ranges = [sympy.Integer(last_reach or kernel[-1])]
+        ranges = [sympy.Integer(kernel[-1])]
     else:
         def reduced(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
             return element(list(index[:-n]), list(index[-n:]), list(rindex))
@@ -433,13 +433,20 @@ def avg_pool3d_backward(grad: TensorBox, x: TensorBox, kernel_size: Any, stride:
 
 
 class _Adaptive:
-    def __init__(self, in_sizes: list[int], out_sizes: list[int], name: str) -> None:
+    def __init__(self, in_sizes: list[int], out_sizes: list[int], name: str, pad_last: bool = False) -> None:
         if any(o <= 0 for o in out_sizes) or any(i <= 0 for i in in_sizes):
             raise Unsupported(f"{name} from {in_sizes} to {out_sizes}")
         self.n, self.in_sizes, self.out_sizes = len(in_sizes), in_sizes, out_sizes
         spans = [[self._end_int(d, o) - self._start_int(d, o) for o in range(out_sizes[d])] for d in range(self.n)]
         self.kernel = [max(s) for s in spans]  # the largest window
         self.min_kernel = [min(s) for s in spans]
+        # positions a window sum runs over: with pad_last, a last dim reduced as a Reduction (the
+        # whole window above MAX_UNROLL) runs over whole 16-lane vectors past the largest window,
+        # its positions there masked (a 20-wide window as 16 + 4 lanes left 4 scalar chains of
+        # window-height adds per output)
+        self.reach = list(self.kernel)
+        if pad_last and math.prod(self.kernel) > MAX_UNROLL and self.kernel[-1] > 8:
+            self.reach[-1] = -(-self.kernel[-1] // 16) * 16
         # per dim: the first output holding input i is floor(i*OUT/IN); how many hold it
         self.counts: list[int] = []
         self.min_counts: list[int] = []
@@ -467,7 +474,7 @@ class _Adaptive:
     def position(self, d: int, o: Expr, k: int | Expr) -> tuple[Expr, Any]:
         """Input position of window element ``k`` of output ``o``, and its validity mask."""
         start = self.start(d, o)
-        needs_mask = k >= self.min_kernel[d] if isinstance(k, int) else self.min_kernel[d] < self.kernel[d]
+        needs_mask = k >= self.min_kernel[d] if isinstance(k, int) else self.min_kernel[d] < self.reach[d]
         return start + k, _in_range(start + k, 0, self.end(d, o), check_lo=False, check_hi=needs_mask)
 
     def extent(self, d: int, o: Expr) -> Expr:
@@ -482,11 +489,11 @@ class _Adaptive:
         return o, ops.le(ops.index_expr(self.start(d, o), I64), ops.index_expr(pos, I64))
 
 
-def _adaptive(x: TensorBox, output_size: Any, n: int, name: str) -> tuple[_Adaptive, list[Expr]]:
+def _adaptive(x: TensorBox, output_size: Any, n: int, name: str, pad_last: bool = False) -> tuple[_Adaptive, list[Expr]]:
     in_sizes = _spatial(x, n, name)
     out_sizes = [int(o) if o is not None else i for o, i in zip(_ints(output_size, n), in_sizes)]
     size = list(x.get_size()[:-n]) + [sympy.Integer(o) for o in out_sizes]
-    return _Adaptive(in_sizes, out_sizes, name), size
+    return _Adaptive(in_sizes, out_sizes, name, pad_last), size
 
 
 def _divide_by_extents(value: Any, ad: _Adaptive, out: list[Expr], compute: torch.dtype) -> Any:
@@ -499,20 +506,9 @@ def _divide_by_extents(value: Any, ad: _Adaptive, out: list[Expr], compute: torc
 def _adaptive_avg_pool(x: TensorBox, output_size: Any, n: int, name: str) -> TensorBox:
     if not x.get_dtype().is_floating_point:
         raise Unsupported(f"{name} of {x.get_dtype()}")
-    ad, size = _adaptive(x, output_size, n, name)
+    ad, size = _adaptive(x, output_size, n, name, pad_last=True)
     compute = _compute_dtype(x.get_dtype())
-    # the last dim's window positions are always masked, so its reduction may run past the
-    # largest window: a whole number of 16-lane vectors, without a scalar tail (a 20-wide
-    # window as 16 + 4 lanes left 4 scalar chains of window-height adds per output)
-    reach = -(-ad.kernel[-1] // 16) * 16 if ad.kernel[-1] > 8 else ad.kernel[-1]
-
-    def position(dim: int, o: Expr, k: int | Expr) -> tuple[Expr, Any]:
-        if dim < n - 1 or isinstance(k, int) or reach == ad.kernel[-1]:
-            return ad.position(dim, o, k)
-        start = ad.start(dim, o)
-        return start + k, _in_range(start + k, 0, ad.end(dim, o), check_lo=False)
-
-    total = _window_sum(x, n, ad.kernel, position, size, compute, name, last_reach=reach)
+    total = _window_sum(x, n, ad.reach, ad.position, size, compute, name)
 
     def inner_fn(index: Sequence[Expr]) -> Any:
         return _divide_by_extents(total(index), ad, list(index[-n:]), compute)
