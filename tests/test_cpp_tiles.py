@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from minductor import config
-from minductor.codegen import cpp
+from minductor.codegen import cpp_tiles
 
 
 def compiled_code(fn, *args, tmp_path) -> str:
@@ -25,7 +25,7 @@ def compiled_code(fn, *args, tmp_path) -> str:
 
 @pytest.mark.parametrize("gathers", [True, False], ids=["gathers", "no_gathers"])
 def test_transposed_operands_are_staged(tmp_path, monkeypatch, gathers: bool) -> None:
-    monkeypatch.setattr(cpp, "gathers_enabled", lambda cxx: gathers)
+    monkeypatch.setattr(cpp_tiles, "gathers_enabled", lambda cxx: gathers)
     code = compiled_code(lambda x, y: x.t() + y, torch.randn(200, 131), torch.randn(131, 200), tmp_path=tmp_path / "a")
     assert "mi_t1 += 128" in code and "mi_transpose16(" in code  # 2-D tiles, full blocks in registers
     code = compiled_code(lambda x, y: x.transpose(1, 2) * y + x.transpose(1, 2).exp(),
@@ -47,7 +47,7 @@ def test_transposed_operands_are_staged(tmp_path, monkeypatch, gathers: bool) ->
 
 
 def test_masked_transposed_reads_are_not_staged(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(cpp, "gathers_enabled", lambda cxx: False)
+    monkeypatch.setattr(cpp_tiles, "gathers_enabled", lambda cxx: False)
     code = compiled_code(lambda x, y: F.pad(x.t(), (1, 1, 1, 1)) + y, torch.randn(200, 300), torch.randn(302, 202),
                          tmp_path=tmp_path / "pad")
     assert "mi_stage" not in code

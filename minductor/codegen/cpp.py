@@ -24,15 +24,12 @@ from minductor.codegen.common import (
     KernelArgs,
     cpp_index,
 )
-from minductor import config
 from minductor.codegen.cpp_ops import CppOps, cpp_constant
+from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
 from minductor.codegen.loop_shapes import (
     LANES,
-    SHORT_ROW,
     SPLIT_ROWS_MIN,
     SPLIT_ROWS_TILE,
-    STAGED_TILE,
-    TILE,
     Loop,
     MergedDims,
     in_store_order,
@@ -43,7 +40,6 @@ from minductor.codegen.loop_shapes import (
     outer_lane_width,
 )
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
-from minductor.runtime.cache import gathers_enabled
 from minductor.scheduler.deps import MemoryDep, StarDep
 from minductor.scheduler.nodes import FusedGroup
 from minductor.virtualized import V
@@ -53,6 +49,8 @@ Expr = sympy.Expr
 # below this many element-iterations a kernel runs on one thread
 PARALLEL_THRESHOLD = 32768
 ARGS_PLACEHOLDER = "MI_KERNEL_ARGS"
+# the threads a kernel that keeps per-thread partials runs on
+THREADS_LINE = "const int mi_nt = omp_get_max_threads() < MI_MAX_THREADS ? omp_get_max_threads() : MI_MAX_THREADS;"
 
 
 def kernel_name(group: FusedGroup, index: int) -> str:
@@ -334,7 +332,7 @@ class CppKernel:
         block.writeline("}")
         code.writeline("{")
         with code.indent(open_brace=False):
-            code.writeline("const int mi_nt = omp_get_max_threads() < MI_MAX_THREADS ? omp_get_max_threads() : MI_MAX_THREADS;")
+            code.writeline(THREADS_LINE)
             for acc, acc_type, _, _ in self.accumulators:
                 code.writeline(f"{acc_type}* {acc}_partial = new {acc_type}[mi_nt * {width}];")
             code.writeline("#pragma omp parallel num_threads(mi_nt)")
@@ -345,10 +343,7 @@ class CppKernel:
             code.writeline("}")
             code.writeline(f"for (int64_t {var} = 0; {var} < {width}; {var}++)")
             with code.indent():
-                for acc, acc_type, _, combine in self.accumulators:
-                    code.writeline(f"{acc_type} {acc} = {acc}_partial[{var}];")
-                    code.writeline(f"for (int mi_t = 1; mi_t < mi_nt; mi_t++) "
-                                   f"{acc} = {combine.format(a=acc, b=f'{acc}_partial[mi_t * {width} + {var}]')};")
+                self._combine_partials(code, lambda acc, t: f"{acc}_partial[{t} * {width} + {var}]")
                 code.splice(self.suffix)
             for acc, *_ in self.accumulators:
                 code.writeline(f"delete[] {acc}_partial;")
@@ -364,8 +359,8 @@ class CppKernel:
     def emit_outer(self, code: CodeBuffer, outer: MergedDims, loops: list[Loop], parallel: bool) -> None:
         n = len(outer.variables)
         pure_pointwise = len(loops) == 1 and not loops[0].pw_inner and not loops[0].red
-        if pure_pointwise and self._needs_2d_tiles(outer):
-            self.emit_tiled_2d(code, outer, loops[0], parallel)
+        if pure_pointwise and needs_2d_tiles(self.group, outer):
+            emit_tiled_2d(self, code, outer, loops[0], parallel)
             return
         for i, (var, size) in enumerate(zip(outer.variables, outer.sizes)):
             self.range_of[var] = size
@@ -411,84 +406,6 @@ class CppKernel:
             code._indent -= 1
             code.writeline("}")
 
-    def _needs_2d_tiles(self, outer: MergedDims) -> bool:
-        """Whether some buffer is contiguous along the second-innermost loop while another
-        is contiguous along the innermost (a transpose): then loop over 2-D tiles."""
-        if len(outer.variables) < 2 or any(not s.is_Integer for s in outer.sizes[-2:]):
-            return False
-        if min(int(s) for s in outer.sizes[-2:]) < 2 * TILE:
-            return False
-        inner, second = outer.variables[-1], outer.variables[-2]
-        found_inner = found_second = False
-        for node in self.group.nodes:
-            for dep in node.read_writes.reads | node.read_writes.writes:
-                if not isinstance(dep, MemoryDep):
-                    continue
-                expr = dep.index.xreplace(outer.substitution)
-                coeffs = affine_coeffs(expr, [inner, second])
-                if coeffs is None:
-                    continue
-                found_inner |= coeffs[inner] == 1
-                # a read constant along the innermost loop (an index vector, a row bias) is a
-                # broadcast, not a transpose (index_select's indices made 64x64 tiles of a row copy)
-                found_second |= coeffs[second] == 1 and coeffs[inner] not in (0, 1)
-        return found_inner and found_second
-
-    def _store_contiguous_along(self, outer: MergedDims, var: sympy.Symbol, loop: Loop) -> bool:
-        for node in loop.nodes:
-            for dep in node.read_writes.writes:
-                if isinstance(dep, MemoryDep):
-                    coeffs = affine_coeffs(dep.index.xreplace(outer.substitution), [var])
-                    if coeffs is not None and coeffs[var] == 1:
-                        return True
-        return False
-
-    def emit_tiled_2d(self, code: CodeBuffer, outer: MergedDims, loop: Loop, parallel: bool) -> None:
-        """Pointwise over ``TILE x TILE`` blocks of the two innermost dims (cache blocking)."""
-        *lead, second, inner = list(zip(outer.variables, outer.sizes))
-        for var, size in zip(outer.variables, outer.sizes):
-            self.range_of[var] = size
-        if parallel:
-            code.writeline(f"#pragma omp parallel for schedule(static) collapse({len(lead) + 2})")
-        for var, size in lead:
-            code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
-        (v2, s2), (v1, s1) = second, inner
-        if self._store_contiguous_along(outer, v2, loop):
-            (v2, s2), (v1, s1) = (v1, s1), (v2, s2)  # vectorize along the stores, gather the loads
-        self.body, self.prefix, self.suffix = CodeBuffer(), CodeBuffer(), CodeBuffer()
-        self.substitution = dict(outer.substitution)
-        self.stage = StagedTile(v1, s1, v2, s2, gathers=gathers_enabled(config.cxx))
-        self.innermost = str(v1)
-        with V.set_ops(CppOps(self)), V.set_kernel(self):
-            for node in loop.nodes:
-                node.run(make_vars("x", len(self.group.outer)), [])
-        stage, self.stage = self.stage, None
-        # staged tiles are walked in SUB x SUB blocks; their tiles are larger (longer runs per row)
-        tile = STAGED_TILE if stage.fills else TILE
-        code.writeline(f"for (int64_t mi_t0 = 0; mi_t0 < {cpp_index(s2)}; mi_t0 += {tile})")
-        code.writeline(f"for (int64_t mi_t1 = 0; mi_t1 < {cpp_index(s1)}; mi_t1 += {tile})")
-        code.writeline("{")
-        with code.indent(open_brace=False):
-            step, lo0, lo1 = (stage.SUB, "mi_s0", "mi_s1") if stage.fills else (TILE, "mi_t0", "mi_t1")
-            if stage.fills:
-                code.writeline(f"for (int64_t mi_s0 = mi_t0; mi_s0 < mi_min_i64(mi_t0 + {tile}, {cpp_index(s2)}); mi_s0 += {step})")
-                code.writeline(f"for (int64_t mi_s1 = mi_t1; mi_s1 < mi_min_i64(mi_t1 + {tile}, {cpp_index(s1)}); mi_s1 += {step})")
-                code.writeline("{")
-                code._indent += 1
-                stage.emit_fills(code)
-            code.writeline(f"for (int64_t {v2} = {lo0}; {v2} < mi_min_i64({lo0} + {step}, {cpp_index(s2)}); {v2}++)")
-            code.writeline("{")
-            with code.indent(open_brace=False):
-                code.writeline("#pragma omp simd")
-                code.writeline(f"for (int64_t {v1} = {lo1}; {v1} < mi_min_i64({lo1} + {step}, {cpp_index(s1)}); {v1}++)")
-                with code.indent():
-                    code.splice(self.body)
-            code.writeline("}")
-            if stage.fills:
-                code._indent -= 1
-                code.writeline("}")
-        code.writeline("}")
-
     def emit_loop(self, code: CodeBuffer, outer: MergedDims, loop: Loop, thread_chunk: bool = False) -> None:
         """Emit one loop block: prefix (accumulators), inner loop nest, suffix (stores).
 
@@ -514,14 +431,7 @@ class CppKernel:
         self.rlinear = linear_index(red_vars, loop.red)
         self.accumulators = []
         self.last_red_size = merged_red.sizes[-1] if merged_red.sizes else sympy.Integer(1)
-        self.lanes = inner_lanes(self.last_red_size, thread_chunk)
-        # a short row of constant length is one vector loop over all of it (a lane per element),
-        # with no scalar tail; the lane arrays are padded with the identity to a power of two
-        # for the pairwise combine (a 20-wide pooling window: 16 + 4 lanes instead of 8 + 8 + 4)
-        self.lane_slots = self.lanes
-        if self.last_red_size.is_Integer and 1 < int(self.last_red_size) <= SHORT_ROW and not thread_chunk:
-            self.lanes = int(self.last_red_size)
-            self.lane_slots = 1 << (self.lanes - 1).bit_length()
+        self.lanes, self.lane_slots = inner_lanes(self.last_red_size, thread_chunk)
         self.welford_rw = len(merged_red.variables) == 1 and self.tile_var is None
         self.welford_accs: list[tuple[str, str]] = []  # (accumulator, compute type) kept as arrays
         innermost = ([self.tile_var] if self.tile_var is not None else merged_red.variables or merged_pw.variables
@@ -728,7 +638,7 @@ class CppKernel:
         accs = self.accumulators
         code.writeline("{")
         with code.indent(open_brace=False):
-            code.writeline("const int mi_nt = omp_get_max_threads() < MI_MAX_THREADS ? omp_get_max_threads() : MI_MAX_THREADS;")
+            code.writeline(THREADS_LINE)
             for name, acc_type, init, _ in accs:
                 code.writeline(f"{acc_type} {name}_partial[MI_MAX_THREADS];")
                 code.writeline(f"for (int t = 0; t < mi_nt; t++) {name}_partial[t] = {init};")
@@ -742,11 +652,16 @@ class CppKernel:
                 code.writeline(f"const int64_t mi_end = mi_min_i64({numel}, mi_begin + mi_chunk);")
                 code.lines.extend(block.lines)
             code.writeline("}")
-            for name, acc_type, _, combine in accs:
-                code.writeline(f"{acc_type} {name} = {name}_partial[0];")
-                code.writeline(f"for (int t = 1; t < mi_nt; t++) {name} = {combine.format(a=name, b=f'{name}_partial[t]')};")
+            self._combine_partials(code, lambda acc, t: f"{acc}_partial[{t}]")
             code.splice(self.suffix)
         code.writeline("}")
+
+    def _combine_partials(self, code: CodeBuffer, partial: Callable[[str, str], str]) -> None:
+        """Each accumulator from its per-thread partials (``partial(acc, thread)``), combined
+        in thread order: the result does not depend on timing."""
+        for acc, acc_type, _, combine in self.accumulators:
+            code.writeline(f"{acc_type} {acc} = {partial(acc, '0')};")
+            code.writeline(f"for (int mi_t = 1; mi_t < mi_nt; mi_t++) {acc} = {combine.format(a=acc, b=partial(acc, 'mi_t'))};")
 
     def render(self, code: CodeBuffer) -> str:
         params, names = [], []
@@ -804,78 +719,6 @@ def _with_error_flag(lines: list[str], indent: int) -> list[str]:
     body = [line + " reduction(|:mi_bad)" if line.lstrip().startswith("#pragma omp") else line for line in lines]
     return [f"{pad}int64_t mi_bad = 0;", *body,
             f"{pad}if (mi_bad) __atomic_fetch_or(mi_err, mi_bad, __ATOMIC_RELAXED);"]
-
-
-class StagedTile:
-    """Loads of a 2-D tile that are contiguous along the tile's outer variable ``v2`` while the
-    inner loop runs along ``v1`` (the transposed operand of ``x.t() + y``). The tile is walked
-    in ``SUB x SUB`` blocks; each such load is first copied into a local block, reading rows of
-    the source contiguously, so the inner loop reads the block contiguously instead of loading
-    with a stride. A full block of 4-byte values is transposed in registers
-    (``mi_transpose16``): x.t() + y at 4096 ran 19.3 ms with strided (gather) loads, 14.1 ms
-    staged by a scalar copy, 5.5 ms so (a STREAM add of the same bytes: 4.6 ms). Other dtypes
-    are staged by a scalar copy, and only where the compiler emits no gathers."""
-
-    SUB = 16
-    MAX_STAGES = 4
-
-    def __init__(self, v1: sympy.Symbol, s1: Expr, v2: sympy.Symbol, s2: Expr, gathers: bool) -> None:
-        self.v1, self.s1, self.v2, self.s2, self.gathers = v1, s1, v2, s2, gathers
-        # (block name, storage type, source access, register-transpose statement or None)
-        self.fills: list[tuple[str, str, str, str | None]] = []
-        self.by_access: dict[str, str] = {}
-
-    def maybe_stage(self, kernel: CppKernel, arg: str, dtype: torch.dtype, index: Expr) -> str | None:
-        expr = simplify_index(sympy.expand(sympy.sympify(index).xreplace(kernel.substitution)), kernel.range_of)
-        coeffs = affine_coeffs(expr, [self.v1, self.v2])
-        if coeffs is None or coeffs[self.v2] != 1 or coeffs[self.v1] == 1:
-            return None
-        fast = dtype.itemsize == 4 and dtype != torch.bool
-        if self.gathers and not fast:
-            return None
-        a, b = index_symbol("mi_a"), index_symbol("mi_b")
-        s0, s1 = index_symbol("mi_s0"), index_symbol("mi_s1")
-        source = f"{arg}[{cpp_index(expr.xreplace({self.v1: s1 + a, self.v2: s0 + b}))}]"
-        if source not in self.by_access:
-            if len(self.fills) >= self.MAX_STAGES:
-                return None
-            name = f"mi_stage{len(self.fills)}"
-            self.by_access[source] = name
-            corner = f"{arg}[{cpp_index(expr.xreplace({self.v1: s1, self.v2: s0}))}]"
-            fast_fill = f"mi_transpose16(&{corner}, {cpp_index(coeffs[self.v1])}, &{name}[0][0]);" if fast else None
-            self.fills.append((name, CPP_STORAGE_TYPES[dtype], source, fast_fill))
-        return f"{self.by_access[source]}[{self.v2} - mi_s0][{self.v1} - mi_s1]"
-
-    def emit_fills(self, code: CodeBuffer) -> None:
-        """Declare and fill the blocks of sub-block ``(mi_s0, mi_s1)``."""
-        sub = self.SUB
-        for name, ctype, _, _ in self.fills:
-            code.writeline(f"alignas(64) {ctype} {name}[{sub}][{sub}];")
-        fast = [f for f in self.fills if f[3] is not None]
-        if fast:
-            code.writeline(f"if (mi_s0 + {sub} <= {cpp_index(self.s2)} && mi_s1 + {sub} <= {cpp_index(self.s1)})")
-            code.writeline("{")
-            with code.indent(open_brace=False):
-                for *_, fast_fill in fast:
-                    code.writeline(fast_fill)
-            code.writeline("}")
-            code.writeline("else")
-            self._emit_copy(code, fast)
-        slow = [f for f in self.fills if f[3] is None]
-        if slow:
-            self._emit_copy(code, slow)
-
-    def _emit_copy(self, code: CodeBuffer, fills: list[tuple[str, str, str, str | None]]) -> None:
-        sub = self.SUB
-        code.writeline(f"for (int64_t mi_a = 0; mi_a < mi_min_i64({sub}, {cpp_index(self.s1)} - mi_s1); mi_a++)")
-        code.writeline("{")
-        with code.indent(open_brace=False):
-            code.writeline("#pragma omp simd")
-            code.writeline(f"for (int64_t mi_b = 0; mi_b < mi_min_i64({sub}, {cpp_index(self.s2)} - mi_s0); mi_b++)")
-            with code.indent():
-                for name, _, source, _ in fills:
-                    code.writeline(f"{name}[mi_b][mi_a] = {source};")
-        code.writeline("}")
 
 
 def _masked_index(mask: str, index_str: str, index: Expr) -> str:

@@ -132,15 +132,21 @@ def joins(loop: Loop, node: SchedulerNode) -> bool:
             return False
     return True
 
-def inner_lanes(row: Expr, whole_range: bool = False) -> int:
-    """Accumulator lanes for a reduction over rows of ``row`` elements: more lanes hide the
-    add latency on long rows, fewer keep the final combine cheap on short ones."""
-    size = V.graph.sizevars.hint(row)
+
+def inner_lanes(row: Expr, whole_range: bool = False) -> tuple[int, int]:
+    """Accumulator lanes for a reduction over rows of ``row`` elements, and the slots of the
+    lane arrays: more lanes hide the add latency on long rows, fewer keep the final combine
+    cheap on short ones. A constant row of at most SHORT_ROW is one vector loop with a lane per
+    element and no scalar tail; its slots are padded to a power of two (with the identity) for
+    the pairwise combine (a 20-wide pooling window: 16 + 4 lanes instead of 8 + 8 + 4)."""
     if whole_range:  # a full reduction: every thread streams a long chunk
-        return 2 * MAX_LANES
-    if size >= 1024:
-        return MAX_LANES
-    return 16 if size >= 128 else LANES  # 16: one AVX-512 vector (attention rows of 128)
+        return 2 * MAX_LANES, 2 * MAX_LANES
+    if row.is_Integer and 1 < int(row) <= SHORT_ROW:
+        return int(row), 1 << (int(row) - 1).bit_length()
+    size = V.graph.sizevars.hint(row)
+    lanes = MAX_LANES if size >= 1024 else 16 if size >= 128 else LANES  # 16: one AVX-512 vector
+    return lanes, lanes
+
 
 def outer_lane_width(width: int, threads: int, other_outer: int = 1) -> int:
     """Columns per tile when reducing along a strided dim: as wide as leaves every thread a
