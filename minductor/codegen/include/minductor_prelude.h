@@ -421,13 +421,16 @@ static inline void mi_index_error(const char* kernel, int64_t index, int64_t siz
     __builtin_trap();
 }
 
-// Transpose a 16x16 block of 4-byte values: dst[b][a] = src[a * stride + b]. Sixteen row
-// loads, four rounds of two-input shuffles (32-bit pairs, 64-bit pairs, 128-bit and 256-bit
-// blocks), sixteen row stores: GCC's vector extension lowers the shuffles to vpermt2ps on
-// AVX-512 and to pairs of 256-bit shuffles elsewhere. Staging a transposed operand this way
-// instead of loading it with a 16 KB stride made x.t() + y at 4096 ~3x faster.
-typedef uint32_t mi_u32x16 __attribute__((vector_size(64)));
+// Transpose a 16x16 block of 4-byte values: dst[b][a] = src[a * stride + b]. Staging a
+// transposed operand this way instead of loading it with a 16 KB stride made x.t() + y at 4096
+// ~3x faster. Written with GCC's vector extension at the target's vector width: without
+// AVX-512 a 64-byte shuffle is split into scalar moves (700 of them), so AVX2 and older
+// targets transpose the four 8x8 quarters with 32-byte vectors instead.
 #define MI_SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#ifdef __AVX512F__
+typedef uint32_t mi_u32x16 __attribute__((vector_size(64)));
+// sixteen row loads, four rounds of two-input shuffles (32-bit pairs, 64-bit pairs, 128-bit and
+// 256-bit blocks; vpermt2ps), sixteen row stores
 template <typename T> MI_MATH void mi_transpose16(const T* __restrict__ src, int64_t stride, T* __restrict__ dst) {
     static_assert(sizeof(T) == 4, "mi_transpose16 moves 4-byte values");
     mi_u32x16 r[16], t[16], u[16];
@@ -454,4 +457,33 @@ template <typename T> MI_MATH void mi_transpose16(const T* __restrict__ src, int
     }
     for (int i = 0; i < 16; i++) __builtin_memcpy(dst + i * 16, &r[i], 64);
 }
+#else
+typedef uint32_t mi_u32x8 __attribute__((vector_size(32)));
+// dst[b * 16 + a] = src[a * stride + b] for an 8x8 block: unpack 32-bit pairs, shuffle 64-bit
+// pairs, swap 128-bit halves (vunpcklps/vshufps/vperm2f128)
+template <typename T> MI_MATH void mi_transpose8(const T* __restrict__ src, int64_t stride, T* __restrict__ dst) {
+    mi_u32x8 r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) __builtin_memcpy(&r[i], src + i * stride, 32);
+    for (int k = 0; k < 4; k++) {
+        t[2 * k] = MI_SHUF(r[2 * k], r[2 * k + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[2 * k + 1] = MI_SHUF(r[2 * k], r[2 * k + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int g = 0; g < 2; g++) {  // u[4g + m]: columns m and m + 4 of rows 4g .. 4g + 3
+        u[4 * g] = MI_SHUF(t[4 * g], t[4 * g + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[4 * g + 1] = MI_SHUF(t[4 * g], t[4 * g + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        u[4 * g + 2] = MI_SHUF(t[4 * g + 1], t[4 * g + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[4 * g + 3] = MI_SHUF(t[4 * g + 1], t[4 * g + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+    for (int m = 0; m < 4; m++) {
+        r[m] = MI_SHUF(u[m], u[4 + m], 0, 1, 2, 3, 8, 9, 10, 11);
+        r[4 + m] = MI_SHUF(u[m], u[4 + m], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+    for (int i = 0; i < 8; i++) __builtin_memcpy(dst + i * 16, &r[i], 32);
+}
+template <typename T> MI_MATH void mi_transpose16(const T* __restrict__ src, int64_t stride, T* __restrict__ dst) {
+    static_assert(sizeof(T) == 4, "mi_transpose16 moves 4-byte values");
+    for (int a = 0; a < 16; a += 8)
+        for (int b = 0; b < 16; b += 8) mi_transpose8(src + a * stride + b, stride, dst + b * 16 + a);
+}
+#endif
 #undef MI_SHUF
