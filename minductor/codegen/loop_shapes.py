@@ -25,6 +25,8 @@ SHORT_ROW = 64
 # thread reducing tiles of up to SPLIT_ROWS_TILE columns (16 KB of float accumulators: L1)
 SPLIT_ROWS_MIN = 256
 SPLIT_ROWS_TILE = 4096
+# rows each pass of a split-rows tile reduces, the accumulator held in a register across them
+ROW_GROUP = 4
 # outer-lane mode (reducing along a strided dim): columns per tile. Each row of a tile is a
 # contiguous run of that many values; runs of a whole page (1024 floats) let the hardware
 # prefetcher stream each thread's rows (x.sum(0) at 4096x4096: 64 -> 2.85 ms, 1024 -> 1.57 ms)
