@@ -40,6 +40,7 @@ from minductor.codegen.loop_shapes import (
     merge_dims,
     outer_lane_width,
 )
+from minductor.runtime.cache import vector_gathers_pay_off
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.scheduler.deps import MemoryDep, StarDep
 from minductor.scheduler.nodes import FusedGroup
@@ -87,6 +88,7 @@ class CppKernel:
         self.uses_error_flag = False  # a check (index range, divisor) records failures in mi_bad
         self.innermost: str | None = None  # the innermost loop variable of the body being generated
         self.scatters = False  # stores through indirect indices or combining stores: a serial loop
+        self.gathers = False  # loads through an index that changes along the innermost loop
         self.internal: frozenset[str] = frozenset()  # written here, read nowhere else (wrapper)
         self.written_over: dict[str, str] = {}  # output -> dying input whose storage it takes (wrapper)
         self.local: dict[str, str] = {}  # of those, kept in a per-iteration local: name -> C++ name
@@ -701,7 +703,7 @@ class CppKernel:
             params.append("int64_t* mi_err")
             names.append("mi_err")
         flag = self.uses_error_flag
-        if self.scatters:
+        if self.scatters or (self.gathers and not vector_gathers_pay_off()):
             code.lines = _without_simd(code.lines)
             self.helpers = [(fn, extra, _buffer(_without_simd(block.lines))) for fn, extra, block in self.helpers]
         out = CodeBuffer()
@@ -726,6 +728,7 @@ class CppKernel:
 
 
 def _without_simd(lines: list[str]) -> list[str]:
+    lines = [line.replace("#pragma omp parallel for simd", "#pragma omp parallel for") for line in lines]
     return [line for line in lines if line.strip() != "#pragma omp simd"]
 
 

@@ -302,10 +302,12 @@ class CppOps:
     def indirect_indexing(self, x: str, size: Expr, check: bool = True, wrap: bool = True) -> Expr:
         size_str = self.kernel.index_str(size)
         var = self._cse(f"static_cast<int64_t>({x} < 0 ? {x} + {size_str} : {x})" if wrap else f"static_cast<int64_t>({x})")
+        gather = self.kernel.varies_in_innermost_loop(var) and not self.kernel.scatters
+        self.kernel.gathers |= gather
         if check and config.bounds_check:
             # out of range: flag it for the wrapper to raise, and read a safe element instead
             self.kernel.uses_error_flag = True
-            if self.kernel.varies_in_innermost_loop(var) and not self.kernel.scatters:
+            if gather:
                 # a gather: no branch, so the loop still vectorizes (scatters never do)
                 ok = self._cse(f"static_cast<uint64_t>({var}) < static_cast<uint64_t>({size_str})")  # one compare
                 self.kernel.body.writeline(f"mi_bad |= {ok} ? 0 : 1;")
