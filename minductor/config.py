@@ -58,6 +58,11 @@ fallback_random: bool = False
 # eager; off, an out-of-range index reads or writes out of bounds (faster, for trusted inputs).
 bounds_check: bool = _env_bool("MINDUCTOR_BOUNDS_CHECK", True)
 
+# Where glibc's vector math library (libmvec, x86-64 Linux) is installed, float32 sin/cos in C++
+# kernels call its vector functions: accurate to 2 ulp for every argument (our own polynomials
+# reduce in double and lose huge arguments) and faster (one call per 8 or 16 lanes).
+libmvec: bool = _env_bool("MINDUCTOR_LIBMVEC", True)
+
 # Keep large CPU buffers of a graph across calls and reuse one once nothing holds it
 # (fresh large buffers page-fault on every call; see runtime/buffer_pool.py).
 reuse_buffers_across_calls: bool = _env_bool("MINDUCTOR_REUSE_BUFFERS", True)

@@ -8,6 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from minductor import config
+from minductor.runtime.cache import libmvec_installed
+
+# the prelude's own float32 sin/cos, and glibc's vector ones where they are installed
+MATH = [pytest.param(False, id="own-sin-cos"),
+        pytest.param(True, id="libmvec", marks=pytest.mark.skipif(not libmvec_installed(), reason="glibc's libmvec is not installed"))]
+
 FNS = {
     "erf": (torch.erf, lambda x: x),
     "exp": (torch.exp, lambda x: x.clamp(-87, 88)),
@@ -27,14 +34,16 @@ def sweep() -> torch.Tensor:
     return torch.cat([dense, tiny, -tiny, special]).float()
 
 
-def test_prelude_functions_meet_float32_tolerances() -> None:
+@pytest.mark.parametrize("libmvec", MATH)
+def test_prelude_functions_meet_float32_tolerances(libmvec: bool) -> None:
     names = sorted(FNS)
 
     def graph(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(FNS[n][0](FNS[n][1](x)) for n in names)
 
     x = sweep()
-    got = torch.compile(graph, backend="minductor")(x)
+    with config.patch(libmvec=libmvec):
+        got = torch.compile(graph, backend="minductor")(x)
     for name, value in zip(names, got):
         fn, prep = FNS[name]
         ref = fn(prep(x).double()).float()
@@ -54,9 +63,20 @@ def test_exp_and_erf_near_their_limits() -> None:
     torch.testing.assert_close(got_erf, x.double().erf().float(), rtol=1e-6, atol=0)
 
 
-@pytest.mark.xfail(reason="issue 3: mi_sin/mi_cos reduce by pi/2 in double, which loses precision past |x| ~ 1e9 and all of it "
-                          "past ~4e15 (a Payne-Hanek reduction is not written yet)", strict=True)
-def test_sin_cos_of_huge_arguments() -> None:
-    x = torch.tensor([1e16, -3e20, 1e30, 3e38])
+def _huge_arguments() -> None:
+    x = torch.tensor([1e16, -3e20, 1e30, 3e38, 1e9, -7e12])
     got = torch.compile(lambda t: (t.sin(), t.cos()), backend="minductor")(x)
     torch.testing.assert_close(got, (x.double().sin().float(), x.double().cos().float()))
+
+
+@pytest.mark.skipif(not libmvec_installed(), reason="glibc's libmvec is not installed")
+def test_sin_cos_of_huge_arguments_with_libmvec() -> None:
+    with config.patch(libmvec=True):
+        _huge_arguments()
+
+
+@pytest.mark.xfail(reason="issue 3: without libmvec, mi_sin/mi_cos reduce by pi/2 in double, which loses precision "
+                          "past |x| ~ 1e9 and all of it past ~4e15 (a Payne-Hanek reduction is not written)", strict=True)
+def test_sin_cos_of_huge_arguments_own_polynomials() -> None:
+    with config.patch(libmvec=False):
+        _huge_arguments()

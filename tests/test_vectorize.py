@@ -13,6 +13,10 @@ import torch
 from conftest import vectorization_report
 
 from minductor import config
+from minductor.runtime.cache import libmvec_installed
+
+MATH = [pytest.param(False, id="own-sin-cos"),
+        pytest.param(True, id="libmvec", marks=pytest.mark.skipif(not libmvec_installed(), reason="glibc's libmvec is not installed"))]
 
 UNARY = ["mi_exp", "mi_log", "mi_tanh", "mi_erf", "mi_sin", "mi_cos", "mi_sigmoid", "mi_relu", "mi_abs",
          "mi_rsqrt", "mi_sign", "mi_reciprocal"]
@@ -25,10 +29,12 @@ def _compile_report(source: str, tmp_path: Path) -> str:
     return vectorization_report(path, tmp_path)
 
 
-def test_every_pair_of_prelude_functions_vectorizes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("libmvec", MATH)
+def test_every_pair_of_prelude_functions_vectorizes(libmvec: bool, tmp_path: Path) -> None:
     loops = [f"{f}({g}(a[i]))" for f in UNARY for g in UNARY]
     loops += [f"{f}({g}(a[i]), {h}(c[i]))" for f in BINARY for g in UNARY[:5] for h in UNARY[:5]]
     loops += [f"mi_relu(mi_exp((mi_sin(a[i]) + 1.0f) * 2.0f)) - c[i]"]  # the suite's pointwise chain
+    loops += ["mi_sin(a[i]) * mi_cos(a[i])"]  # GCC merges these into sincosf (scalar) unless told not to
     lines = ['#include "minductor_prelude.h"']
     for k, expr in enumerate(loops):
         lines += [f'extern "C" void k{k}(const float* __restrict__ a, const float* __restrict__ c, float* __restrict__ b, int64_t n) {{',
@@ -36,7 +42,8 @@ def test_every_pair_of_prelude_functions_vectorizes(tmp_path: Path) -> None:
                   f"    for (int64_t i = 0; i < n; i++) b[i] = {expr};  // LOOP{k}",
                   "}"]
     source = "\n".join(lines) + "\n"
-    report = _compile_report(source, tmp_path)
+    with config.patch(libmvec=libmvec):
+        report = _compile_report(source, tmp_path)
     loop_line = {int(m.group(1)): i + 1 for i, line in enumerate(source.splitlines()) if (m := re.search(r"LOOP(\d+)", line))}
     vectorized = {int(m) for m in re.findall(r"k\.cpp:(\d+):\d+: optimized: loop vectorized", report)}
     scalar = [loops[k] for k, line in loop_line.items() if line not in vectorized]

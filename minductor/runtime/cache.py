@@ -22,6 +22,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -118,12 +119,41 @@ def tune_flags(cxx: str) -> list[str]:
     return ["-mtune-ctrl=use_gather"] if "GenuineIntel" in info and "avx2" in flags else []
 
 
+@functools.cache
+def libmvec_installed() -> bool:
+    """Whether the C++ compiler can link glibc's vector math library (x86-64 Linux): it prints
+    the library's full path only when the file is on its search path."""
+    if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
+        return False
+    try:
+        out = subprocess.run([config.cxx, "-print-file-name=libmvec.so"], capture_output=True, text=True, check=False)
+    except OSError:
+        return False
+    return os.path.isabs(out.stdout.strip())
+
+
+def _math_flags() -> tuple[list[str], list[str]]:
+    """(compile flags, link flags) of the math library kernels call. With libmvec the prelude
+    declares sinf/cosf with vector variants; -fno-builtin keeps GCC from merging a sinf and a
+    cosf of one value into sincosf, which has no vector variant (the loop would stay scalar)."""
+    if config.libmvec and libmvec_installed():
+        return ["-DMI_LIBMVEC", "-fno-builtin-sinf", "-fno-builtin-cosf"], ["-lmvec"]
+    return [], []
+
+
 def toolchain_fingerprint(cxx: str) -> str:
-    return _toolchain_fingerprint(cxx)
+    compile_flags, link_flags = _math_flags()
+    return "\n".join([_toolchain_fingerprint(cxx), *compile_flags, *link_flags])
 
 
 def compiler_flags(cxx: str) -> list[str]:
-    return [*CXX_FLAGS, *tune_flags(cxx)]
+    """Flags before the source file: everything but the libraries to link."""
+    return [*CXX_FLAGS, *tune_flags(cxx), *_math_flags()[0]]
+
+
+def link_flags() -> list[str]:
+    """Flags after the source file (libraries)."""
+    return _math_flags()[1]
 
 
 def _header_digest() -> str:
@@ -138,7 +168,7 @@ def _header_digest() -> str:
 def cache_key(source: str) -> str:
     """sha256 of the source, the compiler (flags, version, CPU) and the include headers."""
     h = hashlib.sha256()
-    for part in (source, _toolchain_fingerprint(config.cxx), _header_digest()):
+    for part in (source, toolchain_fingerprint(config.cxx), _header_digest()):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
@@ -185,7 +215,7 @@ def _compile(source: str, kernel_name: str, key: str, kernels: int = 1) -> Path:
 def _run_compiler(cpp: Path, so: Path, kernel_name: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=cpp.parent, prefix=f".{kernel_name}.", suffix=".so.tmp")
     os.close(fd)
-    cmd = [config.cxx, *compiler_flags(config.cxx), str(cpp), "-o", tmp]
+    cmd = [config.cxx, *compiler_flags(config.cxx), str(cpp), "-o", tmp, *link_flags()]
     try:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -248,6 +248,14 @@ MI_MATH float mi_erf(float x) {
 }
 static inline double mi_erf(double x) { return __builtin_erf(x); }
 
+#ifdef MI_LIBMVEC
+// glibc's libmvec: vector variants of sinf/cosf (_ZGVdN8v_sinf on AVX2, ...), which loops under
+// `omp simd` call once per vector; within 2 ulp for every argument, huge ones included
+extern "C" float sinf(float) __attribute__((simd("notinbranch"), nothrow, const));
+extern "C" float cosf(float) __attribute__((simd("notinbranch"), nothrow, const));
+MI_MATH float mi_sin(float x) { return sinf(x); }
+MI_MATH float mi_cos(float x) { return cosf(x); }
+#else
 // sin/cos: quadrant from a double-precision reduction by pi/2, then float polynomials
 MI_MATH float mi_sincos_poly(float r, int32_t q, bool want_cos) {
     float z = r * r;
@@ -283,6 +291,7 @@ MI_MATH float mi_cos(float x) {
     float out = mi_sincos_poly(r, q, true);
     return finite ? out : __builtin_nanf("");
 }
+#endif
 static inline double mi_sin(double x) { return __builtin_sin(x); }
 static inline double mi_cos(double x) { return __builtin_cos(x); }
 
