@@ -40,8 +40,8 @@ from minductor.codegen.loop_shapes import (
     merge_dims,
     outer_lane_width,
 )
-from minductor.runtime.cache import vector_gathers_pay_off
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
+from minductor.runtime.cache import vector_gathers_pay_off
 from minductor.scheduler.deps import MemoryDep, StarDep
 from minductor.scheduler.nodes import FusedGroup
 from minductor.virtualized import V
