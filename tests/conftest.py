@@ -110,3 +110,15 @@ def vectorization_report(source: "os.PathLike[str] | str", out_dir: "os.PathLike
     proc = subprocess.run([config.cxx, *flags, "-c", str(source), "-o", str(Path(out_dir) / "k.o"), "-fopt-info-vec-optimized"],
                           capture_output=True, text=True, check=True)
     return proc.stderr
+
+
+def math_paths() -> list[Any]:
+    """pytest params for the two float32 sin/cos paths of C++ kernels: the prelude's own
+    polynomials, and glibc's libmvec (skipped, with the reason, where it cannot be linked)."""
+    import pytest
+
+    from minductor.runtime.cache import libmvec_installed
+
+    return [pytest.param(False, id="own-sin-cos"),
+            pytest.param(True, id="libmvec", marks=pytest.mark.skipif(not libmvec_installed(config.cxx),
+                                                                     reason="glibc's libmvec is not installed"))]

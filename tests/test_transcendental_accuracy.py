@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import math_paths
 
 from minductor import config
 from minductor.runtime.cache import libmvec_installed
 
 # the prelude's own float32 sin/cos, and glibc's vector ones where they are installed
-MATH = [pytest.param(False, id="own-sin-cos"),
-        pytest.param(True, id="libmvec", marks=pytest.mark.skipif(not libmvec_installed(), reason="glibc's libmvec is not installed"))]
+MATH = math_paths()
 
 FNS = {
     "erf": (torch.erf, lambda x: x),
@@ -69,7 +69,7 @@ def _huge_arguments() -> None:
     torch.testing.assert_close(got, (x.double().sin().float(), x.double().cos().float()))
 
 
-@pytest.mark.skipif(not libmvec_installed(), reason="glibc's libmvec is not installed")
+@pytest.mark.skipif(not libmvec_installed(config.cxx), reason="glibc's libmvec is not installed")
 def test_sin_cos_of_huge_arguments_with_libmvec() -> None:
     with config.patch(libmvec=True):
         _huge_arguments()

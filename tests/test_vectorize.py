@@ -10,13 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import vectorization_report
+from conftest import math_paths, vectorization_report
 
 from minductor import config
-from minductor.runtime.cache import libmvec_installed
 
-MATH = [pytest.param(False, id="own-sin-cos"),
-        pytest.param(True, id="libmvec", marks=pytest.mark.skipif(not libmvec_installed(), reason="glibc's libmvec is not installed"))]
+MATH = math_paths()
 
 UNARY = ["mi_exp", "mi_log", "mi_tanh", "mi_erf", "mi_sin", "mi_cos", "mi_sigmoid", "mi_relu", "mi_abs",
          "mi_rsqrt", "mi_sign", "mi_reciprocal"]

@@ -25,16 +25,14 @@ from minductor.bench.runner import (
     time_kernels,
 )
 from minductor.bench.workloads import SUITES, make_workloads
+from minductor.runtime.cache import cpu_info
 
 
 def cpu_name() -> str:
     """The CPU's model name (ratios differ between CPUs of one architecture: record which)."""
-    try:
-        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
-                    if ":" in line)
-    except OSError:
+    info = cpu_info()
+    if not info:
         return platform.processor() or platform.machine()
-    info = {k.strip(): v.strip() for k, v in info.items()}
     # a VM may show only the brand: the family and model tell the microarchitecture
     return f"{info.get('model name', '?')}, family {info.get('cpu family', '?')} model {info.get('model', '?')}"
 

@@ -20,7 +20,6 @@ import functools
 import hashlib
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -66,11 +65,22 @@ def _toolchain_fingerprint(cxx: str) -> str:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     except OSError as e:
         version = f"unavailable: {e}"
-    cpu = ""
-    if os.path.exists("/proc/cpuinfo"):  # -march=native: a shared cache must not mix CPUs
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    info = cpu_info()  # -march=native: a shared cache must not mix CPUs
+    cpu = info.get("flags") or info.get("Features", "")
     return "\n".join([cxx, version, " ".join([*_BASE_FLAGS, *tune_flags(cxx)]), platform.machine(), cpu])
+
+
+@functools.cache
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (vendor_id, cpu family, model, flags...);
+    empty where there is no such file."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read(1 << 16).split("\n\n")[0]
+    except OSError:
+        return {}
+    pairs = (line.split(":", 1) for line in first.splitlines() if ":" in line)
+    return {key.strip(): value.strip() for key, value in pairs}
 
 
 @functools.cache
@@ -95,12 +105,8 @@ def vector_gathers_pay_off() -> bool:
     gather instructions. Not on AMD families 23 and 25 (Zen 1 to Zen 4), whose gathers cost
     more than the scalar loads they replace: on a Zen 3 VM the gather kernel of the suite ran
     10-12 ms as a scalar loop and 14.5-16 ms vectorized, while eager's scalar loop ran 14 ms."""
-    if not os.path.exists("/proc/cpuinfo"):
-        return True
-    with open("/proc/cpuinfo") as f:
-        info = f.read(1 << 16)
-    family = re.search(r"^cpu family\s*:\s*(\d+)", info, re.M)
-    return not ("AuthenticAMD" in info and family is not None and int(family.group(1)) in (23, 25))
+    info = cpu_info()
+    return not (info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") in ("23", "25"))
 
 
 @functools.cache
@@ -111,22 +117,21 @@ def tune_flags(cxx: str) -> list[str]:
     3x3/2 max-pool kernel ran 28.5 ms instead of 2.4 ms on such a CPU (an AVX-512 Xeon that
     GCC 12 takes for icelake-client). Only gathers: a whole concrete ``-mtune`` (icelake-server)
     fixed that kernel too but made others up to 1.6x slower (sin/exp chains, column sums)."""
-    if _native_tune(cxx) != "generic" or not os.path.exists("/proc/cpuinfo"):
+    if _native_tune(cxx) != "generic":
         return []
-    with open("/proc/cpuinfo") as f:
-        info = f.read(1 << 16)
-    flags = set(next((line for line in info.splitlines() if line.startswith("flags")), "").split())
-    return ["-mtune-ctrl=use_gather"] if "GenuineIntel" in info and "avx2" in flags else []
+    info = cpu_info()
+    intel_avx2 = info.get("vendor_id") == "GenuineIntel" and "avx2" in info.get("flags", "").split()
+    return ["-mtune-ctrl=use_gather"] if intel_avx2 else []
 
 
 @functools.cache
-def libmvec_installed() -> bool:
+def libmvec_installed(cxx: str) -> bool:
     """Whether the C++ compiler can link glibc's vector math library (x86-64 Linux): it prints
     the library's full path only when the file is on its search path."""
     if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
         return False
     try:
-        out = subprocess.run([config.cxx, "-print-file-name=libmvec.so"], capture_output=True, text=True, check=False)
+        out = subprocess.run([cxx, "-print-file-name=libmvec.so"], capture_output=True, text=True, check=False)
     except OSError:
         return False
     return os.path.isabs(out.stdout.strip())
@@ -136,7 +141,7 @@ def _math_flags() -> tuple[list[str], list[str]]:
     """(compile flags, link flags) of the math library kernels call. With libmvec the prelude
     declares sinf/cosf with vector variants; -fno-builtin keeps GCC from merging a sinf and a
     cosf of one value into sincosf, which has no vector variant (the loop would stay scalar)."""
-    if config.libmvec and libmvec_installed():
+    if config.libmvec and libmvec_installed(config.cxx):
         return ["-DMI_LIBMVEC", "-fno-builtin-sinf", "-fno-builtin-cosf"], ["-lmvec"]
     return [], []
 
