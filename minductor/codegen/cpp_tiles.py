@@ -11,7 +11,7 @@ import torch
 from minductor import config
 from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index
 from minductor.codegen.cpp_ops import CppOps
-from minductor.codegen.loop_shapes import STAGED_TILE, TILE, Loop, MergedDims
+from minductor.codegen.loop_shapes import STAGED_TILE_COLS, TILE, Loop, MergedDims
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.runtime.cache import gathers_enabled
 from minductor.scheduler.deps import MemoryDep
@@ -60,7 +60,7 @@ def _store_contiguous_along(outer: MergedDims, var: sympy.Symbol, loop: Loop) ->
 
 def emit_tiled_2d(kernel: CppKernel, code: CodeBuffer, outer: MergedDims, loop: Loop, parallel: bool) -> None:
     """Pointwise over ``TILE x TILE`` blocks of the two innermost dims (cache blocking);
-    ``STAGED_TILE`` wide when a transposed operand is staged."""
+    ``SUB x STAGED_TILE_COLS`` strips when a transposed operand is staged."""
     *lead, second, inner = list(zip(outer.variables, outer.sizes))
     for var, size in zip(outer.variables, outer.sizes):
         kernel.range_of[var] = size
@@ -79,16 +79,16 @@ def emit_tiled_2d(kernel: CppKernel, code: CodeBuffer, outer: MergedDims, loop: 
         for node in loop.nodes:
             node.run(make_vars("x", len(kernel.group.outer)), [])
     stage, kernel.stage = kernel.stage, None
-    # staged tiles are walked in SUB x SUB blocks; their tiles are larger (longer runs per row)
-    tile = STAGED_TILE if stage.fills else TILE
-    code.writeline(f"for (int64_t mi_t0 = 0; mi_t0 < {cpp_index(s2)}; mi_t0 += {tile})")
-    code.writeline(f"for (int64_t mi_t1 = 0; mi_t1 < {cpp_index(s1)}; mi_t1 += {tile})")
+    # staged tiles are walked in SUB x SUB blocks
+    rows, cols = (stage.SUB, STAGED_TILE_COLS) if stage.fills else (TILE, TILE)
+    code.writeline(f"for (int64_t mi_t0 = 0; mi_t0 < {cpp_index(s2)}; mi_t0 += {rows})")
+    code.writeline(f"for (int64_t mi_t1 = 0; mi_t1 < {cpp_index(s1)}; mi_t1 += {cols})")
     code.writeline("{")
     with code.indent(open_brace=False):
         step, lo0, lo1 = (stage.SUB, "mi_s0", "mi_s1") if stage.fills else (TILE, "mi_t0", "mi_t1")
         if stage.fills:
-            code.writeline(f"for (int64_t mi_s0 = mi_t0; mi_s0 < mi_min_i64(mi_t0 + {tile}, {cpp_index(s2)}); mi_s0 += {step})")
-            code.writeline(f"for (int64_t mi_s1 = mi_t1; mi_s1 < mi_min_i64(mi_t1 + {tile}, {cpp_index(s1)}); mi_s1 += {step})")
+            code.writeline("int64_t mi_s0 = mi_t0;")
+            code.writeline(f"for (int64_t mi_s1 = mi_t1; mi_s1 < mi_min_i64(mi_t1 + {cols}, {cpp_index(s1)}); mi_s1 += {step})")
             code.writeline("{")
             code._indent += 1
             stage.emit_fills(code)

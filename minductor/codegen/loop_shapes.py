@@ -34,9 +34,12 @@ OUTER_LANE_WIDTHS = (1024, 256, 64)
 # edge of the 2-D tiles used when a pointwise kernel reads a transposed buffer (x.t() + y at 4096:
 # 64 -> 20.3 ms, 32 -> 28.5 ms with gathers on an AVX-512 Xeon)
 TILE = 64
-# with the transposed operand staged by a register transpose, longer runs per row pay
-# (x.t() + y at 4096: 64 -> 128 about 4% faster on a Zen 5 VM; 256 was slower)
-STAGED_TILE = 128
+# with the transposed operand staged by a register transpose, a tile is one 16-row strip
+# (a staged block's height) STAGED_TILE_COLS wide: the contiguous operands are then 16 long
+# streams the hardware prefetcher follows, where square 128x128 tiles made 384 short ones
+# (x.t() + y at 4096 on a Xeon, family 6 model 207: 128x128 36.6-40.0 ms, 32x256 37.6-44.7,
+# 16x256 18.6-19.7; 1024^2: 0.65 -> 0.34 ms)
+STAGED_TILE_COLS = 256
 
 
 @dataclasses.dataclass
