@@ -90,7 +90,8 @@ def test_generated_row_reductions_vectorize(fn, tmp_path: Path) -> None:
     of layer_norm's Welford loop and left it scalar on AVX2 (2x slower kernel)."""
     x = torch.randn(8, 4096)
     with config.patch(debug=True, debug_dir=str(tmp_path / "dump")):
-        torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x))
+        # a sum of 4096 values in another order than eager's: float32 rounding, scaled to the row
+        torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x), atol=1e-4, rtol=1e-5)
     (path,) = (tmp_path / "dump").glob("graph_*/cpp_fused_*.cpp")
     source = path.read_text()
     report = vectorization_report(path, tmp_path)
@@ -99,3 +100,32 @@ def test_generated_row_reductions_vectorize(fn, tmp_path: Path) -> None:
     assert loops
     scalar = [(a, b) for a, b in loops if not any(a <= n <= b for n in done)]
     assert not scalar, "\n".join(source.splitlines()[a - 1] for a, _ in scalar) + "\n" + report
+
+
+def _kernel_source(fn, x: torch.Tensor, tmp_path: Path) -> str:
+    with config.patch(debug=True, debug_dir=str(tmp_path / "dump")):
+        out = torch.compile(fn, backend="minductor")(x)
+    ref = fn(x.double())
+    torch.testing.assert_close(out, ref.float(), atol=1e-5, rtol=1e-5)  # against an fp64 reference
+    torch._dynamo.reset()
+    return "\n".join(p.read_text() for p in (tmp_path / "dump").glob("graph_*/cpp_fused_*.cpp"))
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.softmax(x, -1), lambda x: x / x.abs().sum(-1, keepdim=True)],
+                         ids=["softmax", "normalize"])
+def test_division_by_a_reduced_value_multiplies_by_its_reciprocal(fn, tmp_path: Path) -> None:
+    """The divisor is the same for the whole row: one reciprocal per row, a multiply per element."""
+    source = _kernel_source(fn, torch.randn(16, 1000), tmp_path)
+    recip = re.search(r"auto (tmp\d+) = static_cast<decltype\(tmp\d+\)>\(1\) / tmp\d+;", source)
+    assert recip and f"* {recip.group(1)})" in source, source
+    assert not re.search(r"tmp\d+ / tmp\d+\)", source), source
+
+
+def test_division_by_a_constant_stays_a_division(tmp_path: Path) -> None:
+    # round(x, 2) divides by 100 as eager does: x * 0.01 would differ in the last bit
+    x = torch.randn(16, 1000)
+    with config.patch(debug=True, debug_dir=str(tmp_path / "dump")):
+        out = torch.compile(lambda x: torch.round(x, decimals=2), backend="minductor")(x)
+    torch.testing.assert_close(out, torch.round(x, decimals=2), atol=0, rtol=0)
+    source = "\n".join(p.read_text() for p in (tmp_path / "dump").glob("graph_*/cpp_fused_*.cpp"))
+    assert re.search(r"tmp\d+ / tmp\d+\)", source) and "(1) / " not in source, source

@@ -169,12 +169,11 @@ class CppKernel:
         self.body.writeline("};")
         return self.cse.generate(self.body, f"{mask} ? {fn}() : static_cast<decltype({fn}())>({other_str})")
 
-    def varies_in_innermost_loop(self, var: str) -> bool:
-        """Whether the body's value ``var`` depends on the innermost loop variable (read off the
-        expressions that define it); True when that is unknown."""
-        if self.innermost is None:
-            return True
+    def _definition_closure(self, var: str) -> list[str] | None:
+        """The CSE expressions the body's value ``var`` is computed from, transitively; None when
+        one of them is unknown (defined outside the CSE table, e.g. a lambda)."""
         definitions = {v: e for e, v in self.cse.cache.items()}
+        exprs: list[str] = []
         seen: set[str] = set()
         pending = [var]
         while pending:
@@ -185,13 +184,28 @@ class CppKernel:
             expr = definitions.get(name)
             if expr is None:
                 if name.startswith("tmp"):
-                    return True  # defined outside the CSE table (a lambda): assume it varies
+                    return None
                 continue
-            names = set(re.findall(r"\b[A-Za-z_]\w*\b", expr))
-            if self.innermost in names or "mi_lane" in names:
-                return True
-            pending.extend(n for n in names if n.startswith("tmp"))
-        return False
+            exprs.append(expr)
+            pending.extend(n for n in re.findall(r"\b[A-Za-z_]\w*\b", expr) if n.startswith("tmp"))
+        return exprs
+
+    def varies_in_innermost_loop(self, var: str) -> bool:
+        """Whether the body's value ``var`` depends on the innermost loop variable (read off the
+        expressions that define it); True when that is unknown."""
+        if self.innermost is None:
+            return True
+        exprs = self._definition_closure(var)
+        if exprs is None:
+            return True
+        return any(self.innermost in names or "mi_lane" in names
+                   for names in (set(re.findall(r"\b[A-Za-z_]\w*\b", e)) for e in exprs))
+
+    def is_loaded_loop_invariant(self, var: str) -> bool:
+        """Whether ``var`` is the same for the whole innermost loop and read from memory (a
+        reduction's result, a scalar input), not a constant the compiler folds."""
+        exprs = self._definition_closure(var)
+        return exprs is not None and not self.varies_in_innermost_loop(var) and any("[" in e for e in exprs)
 
     def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, rtype: str, value: str) -> Any:
         key = f"{rtype}({value})"
