@@ -92,3 +92,18 @@ def test_pointer_roles_follow_the_signature() -> None:
               'float* __restrict__ out_ptr0, const int64_t s0, int64_t* mi_err)\n{\n}\n')
     assert pointer_roles(source, "k") == ["rw", "r", "w"]
     assert pointer_roles(source, "other") == []
+
+
+def test_kernels_timed_alongside_a_streaming_reference() -> None:
+    """With a reference loop, each kernel's % of bandwidth is over the rate that loop reached in
+    the rounds alternating with the kernel, not over the figure measured at start-up."""
+    import time
+
+    reference = {"copy": (lambda: time.sleep(1e-3), 10**6)}  # 1 MB per >= 1 ms: at most 1 GB/s
+    report = run_workload("ref", lambda x: x.sin() * 2, (torch.randn(256, 256),), with_inductor=False,
+                          bandwidth=10.0, min_run_time=0.05, reference=reference)
+    (kernel,) = report.kernels
+    assert 0.1 < kernel.reference_gbps <= 1.0
+    assert kernel.pct_of(10.0) == pytest.approx(100 * kernel.gbps / kernel.reference_gbps)
+    assert report.to_json()["kernels"][0]["reference_gbps"] == kernel.reference_gbps
+    assert "GB/s alongside" in "\n".join(report.lines())

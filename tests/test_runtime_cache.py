@@ -143,3 +143,18 @@ def test_strided_masked_loads_vectorize_with_our_flags(tmp_path: Path) -> None:
     source = next((tmp_path / "dump").glob("graph_*/cpp_fused_max_pool2d_*.cpp"))
     report = vectorization_report(source, tmp_path)
     assert "loop vectorized" in report, report[-2000:]
+
+
+@pytest.mark.parametrize("state, flags", [("[enabled]", ["-mno-avx512fp16"]), ("[disabled]", [])])
+def test_avx512fp16_is_turned_off_where_native_enables_it(monkeypatch: pytest.MonkeyPatch, state: str, flags: list[str]) -> None:
+    """GCC 12 with AVX512-FP16 dropped float -> half -> float roundings of an unrolled loop."""
+    out = f"  -mavx512f                   \t\t[enabled]\n  -mavx512fp16                \t\t{state}\n"
+    monkeypatch.setattr(cache, "_native_target", lambda cxx: out)
+    assert cache.isa_flags("g++") == flags
+
+
+def test_half_round_trip_of_a_padded_row_rounds_every_element() -> None:
+    # the kernel GCC 12 miscompiled with -mavx512fp16: 4 of the 5 values of each row unrounded
+    fn = lambda x: torch.nn.functional.pad(x.half(), (2, 0)).float()  # noqa: E731
+    x = torch.randn(2, 3, 5)
+    torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x), atol=0, rtol=0)

@@ -26,13 +26,20 @@ class KernelTiming:
     bytes_moved: int
     note: str = ""  # why there is no timing (a Triton kernel on CPU runs in the interpreter)
     bytes_written: int = 0
+    reference_gbps: float = 0.0  # the STREAM rate measured in alternation with this kernel (CPU)
 
     @property
     def gbps(self) -> float:
         return self.bytes_moved / self.seconds / 1e9 if self.seconds else 0.0
 
+    @property
+    def reference_note(self) -> str:
+        return f" ({self.reference_gbps:.1f} GB/s alongside)" if self.reference_gbps else ""
+
     def pct_of(self, bandwidth: float) -> float:
-        return 100 * self.gbps / bandwidth if bandwidth else 0.0
+        """% of the streaming rate measured alongside this kernel, else of ``bandwidth``."""
+        reference = self.reference_gbps or bandwidth
+        return 100 * self.gbps / reference if reference else 0.0
 
 
 @dataclasses.dataclass
@@ -60,7 +67,7 @@ class WorkloadReport:
             "fallback_ops": self.fallback_ops,
             "kernels": [
                 {"name": k.name, "us": k.seconds * 1e6, "bytes": k.bytes_moved, "bytes_written": k.bytes_written,
-                 "gbps": k.gbps, "pct_bandwidth": k.pct_of(self.bandwidth)}
+                 "gbps": k.gbps, "pct_bandwidth": k.pct_of(self.bandwidth), "reference_gbps": k.reference_gbps}
                 for k in self.kernels
             ],
         }
@@ -75,7 +82,7 @@ class WorkloadReport:
                 out.append(f"    {k.name}: {k.note}")
                 continue
             out.append(f"    {k.name}: {k.seconds * 1e6:9.1f} us  {k.bytes_moved / 1e6:8.2f} MB  "
-                       f"{k.gbps:6.1f} GB/s  {k.pct_of(self.bandwidth):5.1f}% of bandwidth")
+                       f"{k.gbps:6.1f} GB/s  {k.pct_of(self.bandwidth):5.1f}% of bandwidth{k.reference_note}")
         return out
 
 
@@ -111,12 +118,20 @@ def streaming_bandwidth(probes: dict[str, float]) -> float:
     return max(v for name, v in probes.items() if name != "read")
 
 
+def streaming_reference(numel: int = 1 << 24) -> Reference:
+    """The loops ``streaming_bandwidth`` takes the best of (copy, add, triad), for ``time_kernels``."""
+    from minductor.bench.stream import stream_loops
+
+    return {name: loop for name, loop in stream_loops(numel).items() if name != "read"}
+
+
 def measure_bandwidth(numel: int = 1 << 24, device: str = "cpu") -> float:
     return streaming_bandwidth(bandwidth_probes(numel, device))
 
 
 def run_workload(name: str, fn: Callable[..., Any], args: Sequence[Any], *, with_inductor: bool = True,
-                 bandwidth: float | None = None, min_run_time: float = 0.5) -> WorkloadReport:
+                 bandwidth: float | None = None, min_run_time: float = 0.5,
+                 reference: Reference | None = None) -> WorkloadReport:
     """Compile ``fn`` with minductor (and TorchInductor), check results, time all three
     and every generated C++ kernel in isolation."""
     torch._dynamo.reset()
@@ -132,7 +147,7 @@ def run_workload(name: str, fn: Callable[..., Any], args: Sequence[Any], *, with
             correct = True
         except AssertionError:
             correct = False
-    kernels = [t for module, graph_args in graphs for t in time_kernels(module, graph_args, min_run_time / 5)]
+    kernels = [t for module, graph_args in graphs for t in time_kernels(module, graph_args, min_run_time / 5, reference)]
     contenders: dict[str, Callable[[], Any]] = {"eager": lambda: fn(*args), "minductor": lambda: compiled(*args)}
     ind_compile = None
     if with_inductor:
@@ -202,8 +217,17 @@ def _record_graphs(graphs: list[tuple[Any, list[Any]]]) -> Iterator[None]:
         wrapper.load_wrapper = original
 
 
-def time_kernels(module: Any, args: Sequence[Any], min_run_time: float) -> list[KernelTiming]:
-    """Run a wrapper statement by statement on a graph's inputs; time each kernel call alone."""
+# name -> (a call, the bytes it moves): streaming loops timed in alternation with each kernel
+Reference = dict[str, tuple[Callable[[], Any], int]]
+
+
+def time_kernels(module: Any, args: Sequence[Any], min_run_time: float, reference: Reference | None = None) -> list[KernelTiming]:
+    """Run a wrapper statement by statement on a graph's inputs; time each kernel call alone.
+
+    With ``reference`` (STREAM copy/add/triad), each C++ kernel is timed in alternating rounds
+    with those loops, and its ``reference_gbps`` is their best rate in the same rounds: on a
+    shared VM whose memory bandwidth drifts by 2x within minutes, a kernel's % of a bandwidth
+    measured at start-up says more about the neighbours than about the kernel."""
     source = module.source
     namespace: dict[str, Any] = {"__name__": "minductor_bench", "constants": module.constants}
     exec(compile(source, "<output_code>", "exec"), namespace)  # noqa: S102 - our own generated code
@@ -224,8 +248,13 @@ def time_kernels(module: Any, args: Sequence[Any], min_run_time: float) -> list[
             buffers = [b for b in re.findall(r"c_void_p\((\w+)\.data_ptr\(\)\)", match.group(2)) if b in local]
             roles = pointer_roles(namespace.get(f"{name}_source", ""), name)
             moved, written = _bytes(buffers, roles, local)
-            seconds = median_time(lambda line=line: exec(line, namespace, local), min_run_time)  # noqa: S102
-            out.append(KernelTiming(name, seconds, moved, bytes_written=written))
+            run = lambda line=line: exec(line, namespace, local)  # noqa: E731, S102
+            if reference:
+                times = interleaved_medians({"kernel": run} | {n: call for n, (call, _) in reference.items()}, min_run_time, rounds=3)
+                rate = max(nbytes / times[n].median / 1e9 for n, (_, nbytes) in reference.items())
+                out.append(KernelTiming(name, times["kernel"].median, moved, bytes_written=written, reference_gbps=rate))
+            else:
+                out.append(KernelTiming(name, median_time(run, min_run_time), moved, bytes_written=written))
         else:
             exec(line, namespace, local)  # noqa: S102
     return out

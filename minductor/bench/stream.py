@@ -46,23 +46,27 @@ def _library() -> ctypes.CDLL:
     return ctypes.CDLL(str(compile_cpp(_SOURCE, "mi_stream")))
 
 
+@functools.cache
+def stream_loops(numel: int = 1 << 26) -> dict[str, tuple[Callable[[], None], int]]:
+    """The STREAM loops over ``numel``-float arrays the process keeps: name -> (a call, the bytes
+    it moves as STREAM counts them)."""
+    lib = _library()
+    a, b, c = (torch.ones(numel) for _ in range(3))
+    out = torch.zeros(1)
+    n = ctypes.c_int64(numel)
+    p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731 - the calls hold the tensors, not bare pointers
+    calls = {
+        "read": lambda: lib.mi_stream_read(p(a), p(out), n),
+        "copy": lambda: lib.mi_stream_copy(p(a), p(c), n),
+        "add": lambda: lib.mi_stream_add(p(a), p(b), p(c), n),
+        "triad": lambda: lib.mi_stream_triad(p(a), p(b), p(c), n),
+    }
+    return {name: (call, _STREAMS[name] * numel * 4) for name, call in calls.items()}
+
+
 def stream_probes(numel: int = 1 << 26, timer: Callable[[Callable[[], object]], float] | None = None) -> dict[str, float]:
     """GB/s of each loop over ``numel``-float arrays. ``timer(fn)`` returns seconds per call."""
     from minductor.bench.runner import median_time
 
     timer = timer or (lambda fn: min(median_time(fn, 0.2) for _ in range(3)))
-    lib = _library()
-    a, b, c = (torch.ones(numel) for _ in range(3))
-    out = torch.zeros(1)
-    ptr = [ctypes.c_void_p(t.data_ptr()) for t in (a, b, c)]
-    n = ctypes.c_int64(numel)
-    calls = {
-        "read": lambda: lib.mi_stream_read(ptr[0], ctypes.c_void_p(out.data_ptr()), n),
-        "copy": lambda: lib.mi_stream_copy(ptr[0], ptr[2], n),
-        "add": lambda: lib.mi_stream_add(ptr[0], ptr[1], ptr[2], n),
-        "triad": lambda: lib.mi_stream_triad(ptr[0], ptr[1], ptr[2], n),
-    }
-    rates = {}
-    for name, call in calls.items():
-        rates[name] = _STREAMS[name] * numel * 4 / timer(call) / 1e9
-    return rates
+    return {name: moved / timer(call) / 1e9 for name, (call, moved) in stream_loops(numel).items()}

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -67,7 +68,7 @@ def _toolchain_fingerprint(cxx: str) -> str:
         version = f"unavailable: {e}"
     info = cpu_info()  # -march=native: a shared cache must not mix CPUs
     cpu = info.get("flags") or info.get("Features", "")
-    return "\n".join([cxx, version, " ".join([*_BASE_FLAGS, *tune_flags(cxx)]), platform.machine(), cpu])
+    return "\n".join([cxx, version, " ".join([*_BASE_FLAGS, *tune_flags(cxx), *isa_flags(cxx)]), platform.machine(), cpu])
 
 
 @functools.cache
@@ -84,14 +85,28 @@ def cpu_info() -> dict[str, str]:
 
 
 @functools.cache
-def _native_tune(cxx: str) -> str:
-    """What ``-mtune`` ``-march=native`` resolves to ("generic" for a CPU ``cxx`` does not know)."""
+def _native_target(cxx: str) -> str:
+    """``cxx -march=native -Q --help=target``: the target options native resolves to ("" if none)."""
     try:
-        out = subprocess.run([cxx, "-march=native", "-Q", "--help=target"], capture_output=True, text=True,
-                             check=False).stdout
+        return subprocess.run([cxx, "-march=native", "-Q", "--help=target"], capture_output=True, text=True,
+                              check=False).stdout
     except OSError:
         return ""
+
+
+def _native_tune(cxx: str) -> str:
+    """What ``-mtune`` ``-march=native`` resolves to ("generic" for a CPU ``cxx`` does not know)."""
+    out = _native_target(cxx)
     return next((line.split()[-1] for line in out.splitlines() if line.strip().startswith("-mtune=")), "")
+
+
+def isa_flags(cxx: str) -> list[str]:
+    """``-mno-avx512fp16`` where ``-march=native`` enables AVX512-FP16 (Sapphire Rapids and
+    later). Kernels compute half values in float32, so they lose nothing, and GCC 12 with it
+    dropped the float -> _Float16 -> float rounding of an unrolled loop: 4 of the 5 elements of a
+    padded row were copied unrounded (``F.pad(x.half(), (2, 0))`` off by up to 4e-4)."""
+    enabled = re.search(r"^\s*-mavx512fp16\s+\[enabled\]", _native_target(cxx), re.MULTILINE)
+    return ["-mno-avx512fp16"] if enabled else []
 
 
 def gathers_enabled(cxx: str) -> bool:
@@ -153,7 +168,7 @@ def toolchain_fingerprint(cxx: str) -> str:
 
 def compiler_flags(cxx: str) -> list[str]:
     """Flags before the source file: everything but the libraries to link."""
-    return [*CXX_FLAGS, *tune_flags(cxx), *_math_flags()[0]]
+    return [*CXX_FLAGS, *tune_flags(cxx), *isa_flags(cxx), *_math_flags()[0]]
 
 
 def link_flags() -> list[str]:
