@@ -96,3 +96,30 @@ def test_pointwise_loops_follow_the_output_memory_order(shape: tuple[int, ...], 
     kernel = code.split('extern "C"')[1]
     loops = re.findall(r"for \(int64_t (\w+) = 0; \w+ < (\d+); \w+\+\+\)", kernel)
     assert loops and int(loops[-1][1]) == shape[1], kernel  # innermost: the channels
+
+
+def test_per_channel_values_of_a_channels_last_kernel_are_tabled(tmp_path: Path) -> None:
+    """Batch norm after a conv runs over NHWC with the channels innermost: 1/sqrt(var + eps) is
+    computed once per channel into a table before the loops, not once per pixel."""
+    conv, bn = torch.nn.Conv2d(3, 16, 3, padding=1).eval(), torch.nn.BatchNorm2d(16).eval()
+    conv2 = torch.nn.Conv2d(16, 16, 3, padding=1).eval()
+    bn.running_var.uniform_(0.5, 2.0)
+    bn.running_mean.normal_()
+    x = torch.randn(2, 3, 32, 32)
+    _compile(lambda x: conv2(F.relu(bn(conv(x)))).mean((2, 3)), x, tmp_path=tmp_path)  # bn's output stays NHWC
+    sources = [p.read_text() for p in tmp_path.glob("graph_*/cpp_fused_*.cpp")]
+    (source,) = [s for s in sources if "sqrt" in s]
+    prologue, loops = source.split("#pragma omp parallel for", 1) if "#pragma omp parallel for" in source else source.split("for (int64_t xo0", 1)
+    assert "mi_table0[16]" in prologue and "mi_c_sqrt" in prologue, source
+    assert re.search(r"auto tmp\d+ = mi_table0\[xo\d\];", loops), source
+
+
+def test_values_that_vary_with_an_outer_loop_are_not_tabled(tmp_path: Path) -> None:
+    # y[n, h, w, c] * exp(x[n, h, w, c]): the costly value depends on every loop, nothing to table
+    conv, conv2 = torch.nn.Conv2d(3, 16, 3, padding=1).eval(), torch.nn.Conv2d(16, 16, 3, padding=1).eval()
+    w = torch.randn(16, 1, 1)
+    _compile(lambda x: conv2(torch.exp(conv(x)) * torch.sqrt(w.abs() + 1)).mean((2, 3)), torch.randn(2, 3, 16, 16),
+             tmp_path=tmp_path)
+    sources = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_fused_*.cpp"))
+    assert "mi_table0_fn" in sources and "mi_table1" not in sources  # sqrt(|w| + 1) only, never the exp
+    assert not re.search(r"mi_table0_fn = [^}]*mi_exp", sources, re.S), sources

@@ -24,6 +24,7 @@ from minductor.codegen.common import (
     KernelArgs,
     cpp_index,
 )
+from minductor.codegen.cpp_hoist import hoist_inner_invariants
 from minductor.codegen.cpp_ops import CppOps, cpp_constant
 from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
 from minductor.codegen.loop_shapes import (
@@ -379,6 +380,7 @@ class CppKernel:
         if pure_pointwise and needs_2d_tiles(self.group, outer):
             emit_tiled_2d(self, code, outer, loops[0], parallel)
             return
+        start = len(code.lines)
         for i, (var, size) in enumerate(zip(outer.variables, outer.sizes)):
             self.range_of[var] = size
             innermost = i == n - 1
@@ -402,6 +404,9 @@ class CppKernel:
             code._indent += 1
         if len(loops) == 1:
             self.emit_loop(code, outer, loops[0])
+            inner_size = outer.sizes[-1] if n else None
+            if pure_pointwise and n >= 2 and self.tile_var is None and isinstance(inner_size, sympy.Integer):
+                hoist_inner_invariants(self, code, start, str(outer.variables[-1]), int(inner_size))
         else:
             # each loop block becomes its own function: GCC then vectorizes every block
             # (inlined together, later blocks lose vectorization to jump threading)
