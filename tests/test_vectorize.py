@@ -129,3 +129,13 @@ def test_division_by_a_constant_stays_a_division(tmp_path: Path) -> None:
     torch.testing.assert_close(out, torch.round(x, decimals=2), atol=0, rtol=0)
     source = "\n".join(p.read_text() for p in (tmp_path / "dump").glob("graph_*/cpp_fused_*.cpp"))
     assert re.search(r"tmp\d+ / tmp\d+\)", source) and "(1) / " not in source, source
+
+
+def test_row_reduction_prefetches_the_row_its_later_loop_writes(tmp_path: Path) -> None:
+    """layer_norm reduces a row, then writes it: the reducing loop prefetches the output row's
+    lines for writing (one per 64 bytes of its lanes), and results still match."""
+    fn = lambda x: torch.nn.functional.layer_norm(x, (x.shape[-1],))  # noqa: E731
+    source = _kernel_source(fn, torch.randn(16, 2048), tmp_path)  # 32 lanes: two 64-byte lines per step
+    first_loop = source.split("_loop1(")[0]
+    prefetches = re.findall(r"__builtin_prefetch\(&out_ptr0\[(.*?)\], 1, 3\);", first_loop)
+    assert prefetches == ["mi_base + 2048L*xo0", "16 + mi_base + 2048L*xo0"], source
