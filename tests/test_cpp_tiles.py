@@ -27,7 +27,7 @@ def compiled_code(fn, *args, tmp_path) -> str:
 def test_transposed_operands_are_staged(tmp_path, monkeypatch, gathers: bool) -> None:
     monkeypatch.setattr(cpp_tiles, "gathers_enabled", lambda cxx: gathers)
     code = compiled_code(lambda x, y: x.t() + y, torch.randn(200, 131), torch.randn(131, 200), tmp_path=tmp_path / "a")
-    assert "mi_t0 += 16" in code and "mi_t1 += 256" in code and "mi_transpose16(" in code  # 16-row strips, full blocks in registers
+    assert "mi_t0 += 16" in code and "mi_t1 += 1024" in code and "mi_transpose16(" in code  # 16-row strips, full blocks in registers
     code = compiled_code(lambda x, y: x.transpose(1, 2) * y + x.transpose(1, 2).exp(),
                          torch.randn(3, 150, 133), torch.randn(3, 133, 150), tmp_path=tmp_path / "b")
     assert "mi_stage0" in code and "mi_stage1" not in code  # one staged block serves both reads

@@ -81,8 +81,12 @@ def emit_tiled_2d(kernel: CppKernel, code: CodeBuffer, outer: MergedDims, loop: 
     stage, kernel.stage = kernel.stage, None
     # staged tiles are walked in SUB x SUB blocks
     rows, cols = (stage.SUB, STAGED_TILE_COLS) if stage.fills else (TILE, TILE)
-    code.writeline(f"for (int64_t mi_t0 = 0; mi_t0 < {cpp_index(s2)}; mi_t0 += {rows})")
-    code.writeline(f"for (int64_t mi_t1 = 0; mi_t1 < {cpp_index(s1)}; mi_t1 += {cols})")
+    loops = [f"for (int64_t mi_t0 = 0; mi_t0 < {cpp_index(s2)}; mi_t0 += {rows})",
+             f"for (int64_t mi_t1 = 0; mi_t1 < {cpp_index(s1)}; mi_t1 += {cols})"]
+    # staged strips go down the rows of one column band: consecutive strips then read the next
+    # line of the same rows of the transposed operand, a forward walk in each of its pages
+    for line in reversed(loops) if stage.fills else loops:
+        code.writeline(line)
     code.writeline("{")
     with code.indent(open_brace=False):
         step, lo0, lo1 = (stage.SUB, "mi_s0", "mi_s1") if stage.fills else (TILE, "mi_t0", "mi_t1")

@@ -35,11 +35,13 @@ OUTER_LANE_WIDTHS = (1024, 256, 64)
 # 64 -> 20.3 ms, 32 -> 28.5 ms with gathers on an AVX-512 Xeon)
 TILE = 64
 # with the transposed operand staged by a register transpose, a tile is one 16-row strip
-# (a staged block's height) STAGED_TILE_COLS wide: the contiguous operands are then 16 long
-# streams the hardware prefetcher follows, where square 128x128 tiles made 384 short ones
-# (x.t() + y at 4096 on a Xeon, family 6 model 207: 128x128 36.6-40.0 ms, 32x256 37.6-44.7,
-# 16x256 18.6-19.7; 1024^2: 0.65 -> 0.34 ms)
-STAGED_TILE_COLS = 256
+# (a staged block's height) STAGED_TILE_COLS wide, and strips go down a band of columns: the
+# contiguous operands are then 16 streams of 4 KB runs the hardware prefetcher follows, where
+# square 128x128 tiles made 384 short ones, and each row of the transposed operand is read
+# forward a line per strip (x.t() + y at 4096 on a Xeon, family 6 model 207: 128x128 tiles
+# 36.6-40.0 ms, 32x256 37.6-44.7, 16x256 row-major 18.6-20.6, 16x1024 down columns 17.4-17.6,
+# 16x256/512/2048 down columns 18.3/17.6/17.9; 1024^2: 0.65 -> 0.34 ms)
+STAGED_TILE_COLS = 1024
 
 
 @dataclasses.dataclass
