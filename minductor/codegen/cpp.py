@@ -8,6 +8,7 @@ pointwise loop. Contiguous dims are merged first so plain elementwise code is on
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable
@@ -56,6 +57,17 @@ ARGS_PLACEHOLDER = "MI_KERNEL_ARGS"
 THREADS_LINE = "const int mi_nt = omp_get_max_threads() < MI_MAX_THREADS ? omp_get_max_threads() : MI_MAX_THREADS;"
 
 
+@dataclasses.dataclass
+class LoopShape:
+    """A loop block's single innermost variable: its range, its lanes (0 for a pointwise
+    loop) and the stores of its body (pointer, index, dtype)."""
+
+    var: sympy.Symbol
+    size: Expr
+    lanes: int
+    stores: list[tuple[str, Expr, torch.dtype]]
+
+
 def kernel_name(group: FusedGroup, index: int) -> str:
     origins: set[str] = set()
     for n in group.nodes:
@@ -79,7 +91,7 @@ class CppKernel:
         self.substitution: dict[sympy.Symbol, Expr] = {}
         self.range_of: dict[sympy.Symbol, Expr] = {}
         self.body_stores: list[tuple[str, Expr, torch.dtype]] = []  # (pointer, index, dtype) of the loop body's stores
-        self.loop_shape: tuple[sympy.Symbol, Expr, int, list[tuple[str, Expr, torch.dtype]]] | None = None
+        self.loop_shape: LoopShape | None = None  # of the last loop block emitted
         self.rlinear: Expr = sympy.Integer(0)
         self.accumulators: list[tuple[str, str, str, str]] = []  # name, type, init, combine
         self.helpers: list[tuple[str, str, CodeBuffer]] = []  # per-block functions
@@ -436,31 +448,29 @@ class CppKernel:
             code._indent -= 1
             code.writeline("}")
 
-    def _prefetch_row_stores(self, first: CodeBuffer, shape: Any, later: list[Any]) -> None:
+    def _prefetch_row_stores(self, first: CodeBuffer, shape: LoopShape | None, later: list[LoopShape | None]) -> None:
         """While the first loop of a row reduces the row (layer_norm's mean and variance), have it
         prefetch for writing the lines the later pointwise loops store contiguously along the
         same range: their stores otherwise wait on a read-for-ownership of every line of the
         output row (layer_norm at 4096^2: 8.8 -> 7.3 ms on a Xeon; softmax, whose later loops
         compute an exp per element, unchanged)."""
-        if shape is None or not shape[2]:
+        if shape is None or not shape.lanes:
             return
-        var, size, lanes, _ = shape
         mi_base = index_symbol("mi_base")
-        lines = []
-        for later_shape in later:
-            if later_shape is None or later_shape[2] or later_shape[1] != size:
+        lines: list[str] = []
+        for loop in later:
+            if loop is None or loop.lanes or loop.size != shape.size:
                 continue
-            for arg, index, dtype in later_shape[3]:
-                coeffs = affine_coeffs(index, [later_shape[0]])
-                step = 64 // dtype.itemsize
-                if coeffs is None or coeffs[later_shape[0]] != 1 or lanes * dtype.itemsize < 64:
+            for arg, index, dtype in loop.stores:
+                coeffs = affine_coeffs(index, [loop.var])
+                if coeffs is None or coeffs[loop.var] != 1 or shape.lanes * dtype.itemsize < 64:
                     continue
-                for k in range(0, lanes, step):
-                    at = cpp_index(simplify_index(sympy.expand(index.xreplace({later_shape[0]: mi_base + k})), self.range_of))
+                for k in range(0, shape.lanes, 64 // dtype.itemsize):  # a prefetch per 64-byte line
+                    at = cpp_index(simplify_index(sympy.expand(index.xreplace({loop.var: mi_base + k})), self.range_of))
                     line = f"__builtin_prefetch(&{arg}[{at}], 1, 3);"
                     if line not in lines:
                         lines.append(line)
-        head = f"for (int64_t mi_base = 0; mi_base < mi_main; mi_base += {lanes})"
+        head = f"for (int64_t mi_base = 0; mi_base < mi_main; mi_base += {shape.lanes})"
         at = [i for i, line in enumerate(first.lines) if line.strip() == head]
         if not lines or len(at) != 1 or first.lines[at[0] + 1].strip() != "{":
             return
@@ -503,10 +513,9 @@ class CppKernel:
             for node in loop.nodes:
                 node.run(make_vars("x", n_outer) + pw_vars, red_vars)
         self._tmp_counter_value = self.cse.counter
-        # (inner variable, its range, lanes or 0 for a pointwise loop, the body's stores)
         inner = merged_red if merged_red.variables else merged_pw
-        self.loop_shape = (inner.variables[0], inner.sizes[0], self.lanes if merged_red.variables else 0,
-                           self.body_stores) if len(inner.variables) == 1 and self.tile_var is None else None
+        self.loop_shape = (LoopShape(inner.variables[0], inner.sizes[0], self.lanes if merged_red.variables else 0,
+                                     self.body_stores) if len(inner.variables) == 1 and self.tile_var is None else None)
         code.writeline("{")
         code._indent += 1
         code.splice(self.prefix)
