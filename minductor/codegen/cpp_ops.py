@@ -221,7 +221,6 @@ class CppOps:
         if re.fullmatch(r"static_cast<[\w:]+>\(-?\d+(\.\d*)?(LL)?\)", defining) and not re.search(r"\(-?0(\.0*)?(LL)?\)$", defining):
             return
         self.kernel.uses_error_flag = True
-        self.kernel.uses_error_flag = True
         self.kernel.body.writeline(f"mi_check_divisor<{_t(a)}>({b}, mi_bad);")
 
     def pow(self, a: str, b: str) -> str:
