@@ -186,7 +186,7 @@ class CppKernel:
         self.body.writeline("};")
         return self.cse.generate(self.body, f"{mask} ? {fn}() : static_cast<decltype({fn}())>({other_str})")
 
-    def _definition_closure(self, var: str) -> list[str] | None:
+    def definition_closure(self, var: str) -> list[str] | None:
         """The CSE expressions the body's value ``var`` is computed from, transitively; None when
         one of them is unknown (defined outside the CSE table, e.g. a lambda)."""
         definitions = {v: e for e, v in self.cse.cache.items()}
@@ -212,7 +212,7 @@ class CppKernel:
         expressions that define it); True when that is unknown."""
         if self.innermost is None:
             return True
-        exprs = self._definition_closure(var)
+        exprs = self.definition_closure(var)
         if exprs is None:
             return True
         return any(self.innermost in names or "mi_lane" in names
@@ -221,7 +221,7 @@ class CppKernel:
     def is_loaded_loop_invariant(self, var: str) -> bool:
         """Whether ``var`` is the same for the whole innermost loop and read from memory (a
         reduction's result, a scalar input), not a constant the compiler folds."""
-        exprs = self._definition_closure(var)
+        exprs = self.definition_closure(var)
         return exprs is not None and not self.varies_in_innermost_loop(var) and any("[" in e for e in exprs)
 
     def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, rtype: str, value: str) -> Any:

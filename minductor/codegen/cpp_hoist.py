@@ -25,6 +25,7 @@ from minductor.codegen.common import CodeBuffer
 MAX_INNER = 1024
 MAX_TABLES = 8
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
+_CALL = re.compile(r"\b([A-Za-z_]\w*)\(")
 _DEF = re.compile(r"^\s*auto (tmp\d+) = (.*);$")
 # identifiers a tabled value may use besides the innermost variable and the tmps it is built from
 _TYPES = {"static_cast", "decltype", "float", "double", "int64_t", "int32_t", "uint64_t", "uint32_t", "int8_t",
@@ -34,21 +35,17 @@ _CHEAP_CALLS = {"static_cast", "decltype", "mi_relu", "mi_maximum", "mi_minimum"
 
 
 def _costly(expr: str) -> bool:
-    return " / " in expr or any(name not in _CHEAP_CALLS for name in re.findall(r"\b([A-Za-z_]\w*)\(", expr))
-
-
-def _names(expr: str) -> set[str]:
-    return set(_IDENT.findall(expr))
+    return " / " in expr or any(name not in _CHEAP_CALLS for name in _CALL.findall(expr))
 
 
 def _tableable(kernel: Any, var: str, inner: str) -> list[tuple[str, str]] | None:
     """The (tmp, expr) definitions ``var`` is computed from, in order, if it may be tabled."""
-    exprs = kernel._definition_closure(var)
+    exprs = kernel.definition_closure(var)
     if not exprs:
         return None
     text = "\n".join(exprs)
-    calls = set(re.findall(r"\b([A-Za-z_]\w*)\(", text))
-    variables = _names(text) - calls
+    calls = set(_CALL.findall(text))
+    variables = set(_IDENT.findall(text)) - calls
     allowed = {n for n in variables if n == inner or n.startswith("tmp") or re.fullmatch(r"in_ptr\d+", n) or n in _TYPES}
     if variables != allowed or inner not in variables:
         return None
