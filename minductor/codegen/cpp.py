@@ -8,7 +8,6 @@ pointwise loop. Contiguous dims are merged first so plain elementwise code is on
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Callable
@@ -25,11 +24,10 @@ from minductor.codegen.common import (
     KernelArgs,
     cpp_index,
 )
-from minductor.codegen.cpp_hoist import hoist_inner_invariants
-from minductor.codegen.cpp_ops import CppOps, cpp_constant
+from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
+from minductor.codegen.cpp_rewrites import LoopShape, hoist_inner_invariants, prefetch_row_stores
 from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
 from minductor.codegen.loop_shapes import (
-    LANES,
     ROW_GROUP,
     SPLIT_ROWS_MIN,
     SPLIT_ROWS_TILE,
@@ -54,18 +52,8 @@ Expr = sympy.Expr
 PARALLEL_THRESHOLD = 32768
 ARGS_PLACEHOLDER = "MI_KERNEL_ARGS"
 # the threads a kernel that keeps per-thread partials runs on
+_IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
 THREADS_LINE = "const int mi_nt = omp_get_max_threads() < MI_MAX_THREADS ? omp_get_max_threads() : MI_MAX_THREADS;"
-
-
-@dataclasses.dataclass
-class LoopShape:
-    """A loop block's single innermost variable: its range, its lanes (0 for a pointwise
-    loop) and the stores of its body (pointer, index, dtype)."""
-
-    var: sympy.Symbol
-    size: Expr
-    lanes: int
-    stores: list[tuple[str, Expr, torch.dtype]]
 
 
 def kernel_name(group: FusedGroup, index: int) -> str:
@@ -142,7 +130,7 @@ class CppKernel:
         if mode is not None:
             current = self.load(name, index) if buffer is self.body else None
             assert current is not None, "combining stores happen in loop bodies"
-            value = self.cse.generate(self.body, _combine(mode, current, value))
+            value = self.cse.generate(self.body, store_combine(mode, current, value))
         if dtype == torch.float16:
             value = f"static_cast<mi_half>({value})"
         elif dtype == torch.bfloat16:
@@ -186,10 +174,12 @@ class CppKernel:
         self.body.writeline("};")
         return self.cse.generate(self.body, f"{mask} ? {fn}() : static_cast<decltype({fn}())>({other_str})")
 
-    def definition_closure(self, var: str) -> list[str] | None:
+    def definition_closure(self, var: str, definitions: dict[str, str] | None = None) -> list[str] | None:
         """The CSE expressions the body's value ``var`` is computed from, transitively; None when
-        one of them is unknown (defined outside the CSE table, e.g. a lambda)."""
-        definitions = {v: e for e, v in self.cse.cache.items()}
+        one of them is unknown (defined outside the CSE table, e.g. a lambda). ``definitions``
+        (tmp -> expression) may be passed by a caller walking many values."""
+        if definitions is None:
+            definitions = {v: e for e, v in self.cse.cache.items()}
         exprs: list[str] = []
         seen: set[str] = set()
         pending = [var]
@@ -204,25 +194,24 @@ class CppKernel:
                     return None
                 continue
             exprs.append(expr)
-            pending.extend(n for n in re.findall(r"\b[A-Za-z_]\w*\b", expr) if n.startswith("tmp"))
+            pending.extend(n for n in _IDENT.findall(expr) if n.startswith("tmp"))
         return exprs
+
+    def _varies(self, exprs: list[str] | None) -> bool:
+        if self.innermost is None or exprs is None:
+            return True
+        return any(self.innermost in names or "mi_lane" in names for names in (set(_IDENT.findall(e)) for e in exprs))
 
     def varies_in_innermost_loop(self, var: str) -> bool:
         """Whether the body's value ``var`` depends on the innermost loop variable (read off the
         expressions that define it); True when that is unknown."""
-        if self.innermost is None:
-            return True
-        exprs = self.definition_closure(var)
-        if exprs is None:
-            return True
-        return any(self.innermost in names or "mi_lane" in names
-                   for names in (set(re.findall(r"\b[A-Za-z_]\w*\b", e)) for e in exprs))
+        return self._varies(self.definition_closure(var))
 
     def is_loaded_loop_invariant(self, var: str) -> bool:
         """Whether ``var`` is the same for the whole innermost loop and read from memory (a
         reduction's result, a scalar input), not a constant the compiler folds."""
         exprs = self.definition_closure(var)
-        return exprs is not None and not self.varies_in_innermost_loop(var) and any("[" in e for e in exprs)
+        return not self._varies(exprs) and any("[" in e for e in exprs)
 
     def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, rtype: str, value: str) -> Any:
         key = f"{rtype}({value})"
@@ -232,9 +221,9 @@ class CppKernel:
             acc = self.acc_cse.newvar()
             self.cse.cache[key] = acc
             ctype = CPP_COMPUTE_TYPES[src_dtype if rtype in ("argmax", "argmin") else dtype]
-            acc_type, init, update, combine = _reduction_code(rtype, ctype, acc, value, self.index_str(self.rlinear))
+            acc_type, init, update, combine = reduction_code(rtype, ctype, acc, value, self.index_str(self.rlinear))
             lane = f"{acc}_lanes[mi_lane]"
-            update = _reduction_code(rtype, ctype, lane, value, self.index_str(self.rlinear))[2]
+            update = reduction_code(rtype, ctype, lane, value, self.index_str(self.rlinear))[2]
             lanes = self.outer_lanes if self.tile_var is not None else self.lane_slots
             if rtype == "welford_reduce" and self.welford_rw:
                 # every lane has seen the same count: one reciprocal per lane step, no division per
@@ -443,39 +432,10 @@ class CppKernel:
                 self.helpers.append((fn, params, block))
                 call_vars = ", ".join(loop_vars)
                 code.writeline(f"{fn}({ARGS_PLACEHOLDER}{', ' + call_vars if call_vars else ''});")
-            self._prefetch_row_stores(blocks[0], shapes[0], shapes[1:])
+            prefetch_row_stores(blocks[0], shapes[0], shapes[1:], self.range_of)
         for _ in range(n):
             code._indent -= 1
             code.writeline("}")
-
-    def _prefetch_row_stores(self, first: CodeBuffer, shape: LoopShape | None, later: list[LoopShape | None]) -> None:
-        """While the first loop of a row reduces the row (layer_norm's mean and variance), have it
-        prefetch for writing the lines the later pointwise loops store contiguously along the
-        same range: their stores otherwise wait on a read-for-ownership of every line of the
-        output row (layer_norm at 4096^2: 8.8 -> 7.3 ms on a Xeon; softmax, whose later loops
-        compute an exp per element, unchanged)."""
-        if shape is None or not shape.lanes:
-            return
-        mi_base = index_symbol("mi_base")
-        lines: list[str] = []
-        for loop in later:
-            if loop is None or loop.lanes or loop.size != shape.size:
-                continue
-            for arg, index, dtype in loop.stores:
-                coeffs = affine_coeffs(index, [loop.var])
-                if coeffs is None or coeffs[loop.var] != 1 or shape.lanes * dtype.itemsize < 64:
-                    continue
-                for k in range(0, shape.lanes, 64 // dtype.itemsize):  # a prefetch per 64-byte line
-                    at = cpp_index(simplify_index(sympy.expand(index.xreplace({loop.var: mi_base + k})), self.range_of))
-                    line = f"__builtin_prefetch(&{arg}[{at}], 1, 3);"
-                    if line not in lines:
-                        lines.append(line)
-        head = f"for (int64_t mi_base = 0; mi_base < mi_main; mi_base += {shape.lanes})"
-        at = [i for i, line in enumerate(first.lines) if line.strip() == head]
-        if not lines or len(at) != 1 or first.lines[at[0] + 1].strip() != "{":
-            return
-        indent = first.lines[at[0]][: len(first.lines[at[0]]) - len(first.lines[at[0]].lstrip())] + "    "
-        first.lines[at[0] + 2:at[0] + 2] = [indent + line for line in lines]
 
     def emit_loop(self, code: CodeBuffer, outer: MergedDims, loop: Loop, thread_chunk: bool = False) -> None:
         """Emit one loop block: prefix (accumulators), inner loop nest, suffix (stores).
@@ -826,39 +786,6 @@ def _masked_index(mask: str, index_str: str, index: Expr) -> str:
     if any(expr.coeff(v) == 1 for v in expr.free_symbols):
         return f"{mask} ? {index_str} : 0"
     return f"mi_masked_index({mask}, {index_str})"
-
-
-def _combine(mode: str, current: str, value: str) -> str:
-    t = f"decltype({current})"
-    return {
-        "add": f"static_cast<{t}>({current} + {value})",
-        "mul": f"static_cast<{t}>({current} * {value})",
-        "max": f"mi_maximum<{t}>({current}, static_cast<{t}>({value}))",
-        "min": f"mi_minimum<{t}>({current}, static_cast<{t}>({value}))",
-    }[mode]
-
-
-def _reduction_code(rtype: str, ctype: str, acc: str, value: str, rindex: str) -> tuple[str, str, str, str]:
-    """(accumulator type, init, update expression, combine format with {a} and {b})."""
-    v = f"static_cast<{ctype}>({value})"
-    if rtype == "sum":
-        return ctype, f"static_cast<{ctype}>(0)", f"{acc} + {v}", "{a} + {b}"
-    if rtype == "prod":
-        return ctype, f"static_cast<{ctype}>(1)", f"{acc} * {v}", "{a} * {b}"
-    if rtype == "max":
-        return ctype, f"mi_lowest<{ctype}>()", f"mi_maximum<{ctype}>({acc}, {v})", f"mi_maximum<{ctype}>({{a}}, {{b}})"
-    if rtype == "min":
-        return ctype, f"mi_highest<{ctype}>()", f"mi_minimum<{ctype}>({acc}, {v})", f"mi_minimum<{ctype}>({{a}}, {{b}})"
-    if rtype == "any":
-        return "bool", "false", f"{acc} || static_cast<bool>({value})", "{a} || {b}"
-    if rtype in ("argmax", "argmin"):
-        t = f"MiArg<{ctype}>"
-        is_max = "true" if rtype == "argmax" else "false"
-        return t, f"{t}{{mi_lowest<{ctype}>(), -1}}", f"mi_{rtype}_update<{ctype}>({acc}, {v}, {rindex})", f"mi_arg_combine<{ctype}, {is_max}>({{a}}, {{b}})"
-    if rtype == "welford_reduce":
-        t = f"MiWelford<{ctype}>"
-        return t, f"{t}{{0, 0, 0}}", f"mi_welford_update<{ctype}>({acc}, {v})", f"mi_welford_combine<{ctype}>({{a}}, {{b}})"
-    raise NotImplementedError(f"reduction type {rtype}")
 
 
 __all__ = ["CppKernel", "kernel_name", "math"]

@@ -339,3 +339,37 @@ class CppOps:
 
     def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, reduction_type: str, value: str) -> Any:
         return self.kernel.reduction(dtype, src_dtype, reduction_type, value)
+
+
+def store_combine(mode: str, current: str, value: str) -> str:
+    """The value a combining store (scatter add/mul/max/min) writes over ``current``."""
+    t = f"decltype({current})"
+    return {
+        "add": f"static_cast<{t}>({current} + {value})",
+        "mul": f"static_cast<{t}>({current} * {value})",
+        "max": f"mi_maximum<{t}>({current}, static_cast<{t}>({value}))",
+        "min": f"mi_minimum<{t}>({current}, static_cast<{t}>({value}))",
+    }[mode]
+
+
+def reduction_code(rtype: str, ctype: str, acc: str, value: str, rindex: str) -> tuple[str, str, str, str]:
+    """(accumulator type, init, update expression, combine format with {a} and {b})."""
+    v = f"static_cast<{ctype}>({value})"
+    if rtype == "sum":
+        return ctype, f"static_cast<{ctype}>(0)", f"{acc} + {v}", "{a} + {b}"
+    if rtype == "prod":
+        return ctype, f"static_cast<{ctype}>(1)", f"{acc} * {v}", "{a} * {b}"
+    if rtype == "max":
+        return ctype, f"mi_lowest<{ctype}>()", f"mi_maximum<{ctype}>({acc}, {v})", f"mi_maximum<{ctype}>({{a}}, {{b}})"
+    if rtype == "min":
+        return ctype, f"mi_highest<{ctype}>()", f"mi_minimum<{ctype}>({acc}, {v})", f"mi_minimum<{ctype}>({{a}}, {{b}})"
+    if rtype == "any":
+        return "bool", "false", f"{acc} || static_cast<bool>({value})", "{a} || {b}"
+    if rtype in ("argmax", "argmin"):
+        t = f"MiArg<{ctype}>"
+        is_max = "true" if rtype == "argmax" else "false"
+        return t, f"{t}{{mi_lowest<{ctype}>(), -1}}", f"mi_{rtype}_update<{ctype}>({acc}, {v}, {rindex})", f"mi_arg_combine<{ctype}, {is_max}>({{a}}, {{b}})"
+    if rtype == "welford_reduce":
+        t = f"MiWelford<{ctype}>"
+        return t, f"{t}{{0, 0, 0}}", f"mi_welford_update<{ctype}>({acc}, {v})", f"mi_welford_combine<{ctype}>({{a}}, {{b}})"
+    raise NotImplementedError(f"reduction type {rtype}")
