@@ -10,6 +10,7 @@ compile for a logging context; the helper's other steps are the few lines of ``m
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
@@ -20,7 +21,7 @@ import torch
 from torch._decomp import _core_aten_decompositions_post_autograd, get_decompositions
 from torch._dynamo import disable
 from torch._dynamo.backends.common import flatten_graph_inputs
-from torch._functorch.aot_autograd import aot_module_simplified
+from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler, aot_module_simplified
 
 from minductor.partition import partition
 
@@ -80,13 +81,24 @@ def _has_scan(gm: torch.fx.GraphModule) -> bool:
         isinstance(m, torch.fx.GraphModule) and _has_scan(m) for m in gm.children())
 
 
-def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
+def _compiler(kind: str, cached: bool = False) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
     def compile_fn(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         from minductor.graph import compile_graph
 
+        if cached and kind == "backward":
+            from minductor import aot_cache
+
+            aot_cache.hold_for_lazy_backward()
         return compile_graph(gm, example_inputs, kind)
 
     return compile_fn
+
+
+def _cached(compile_fn: Callable[..., Any]) -> Any:
+    """A compiler whose results AOTAutograd's cache may store (they are ``CompiledGraph``s)."""
+    from minductor.graph_cache import CompiledGraph
+
+    return SerializableAOTDispatchCompiler(CompiledGraph, compile_fn)
 
 
 def _rewrite_before_aot(gm: torch.fx.GraphModule) -> None:
@@ -120,13 +132,20 @@ def minductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs:
     if any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
         return flatten_graph_inputs(gm, example_inputs, minductor)
     _rewrite_before_aot(gm)
-    compiled = aot_module_simplified(
-        gm, example_inputs,
-        fw_compiler=_compiler("forward"),
-        bw_compiler=_not_traced(_compiler("backward")),
-        inference_compiler=_compiler("inference"),
-        decompositions=scan_decomposition_table() if _has_scan(gm) else decomposition_table(),
-        partition_fn=partition,
-        keep_inference_input_mutations=True,  # copy_ into inputs is lowered in the graph
-    )
+    from minductor import aot_cache, config
+
+    cache = config.aot_cache and not config.debug  # a debug run dumps every stage: no cache hit
+    fw, bw, inference = _compiler("forward"), _not_traced(_compiler("backward", cache)), _compiler("inference")
+    if cache:
+        fw, bw, inference = _cached(fw), _cached(bw), _cached(inference)
+    with aot_cache.settings() if cache else contextlib.nullcontext():
+        compiled = aot_module_simplified(
+            gm, example_inputs,
+            fw_compiler=fw,
+            bw_compiler=bw,
+            inference_compiler=inference,
+            decompositions=scan_decomposition_table() if _has_scan(gm) else decomposition_table(),
+            partition_fn=partition,
+            keep_inference_input_mutations=True,  # copy_ into inputs is lowered in the graph
+        )
     return disable(compiled, reason="minductor's compiled graph")

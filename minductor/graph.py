@@ -282,36 +282,50 @@ def _unbacked(v: Any) -> bool:
     return any(str(s).startswith("u") for s in v.node.expr.free_symbols)
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable[[list[Any]], Any]:
-    """The pipeline: lower -> schedule -> codegen -> wrap -> load. Returns a boxed callable.
-    A graph compiled before (this process or another) loads its wrapper from the graph cache."""
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Any:
+    """The pipeline: lower -> schedule -> codegen -> wrap -> load. Returns a ``CompiledGraph``
+    (a boxed callable). A graph compiled before (this process or another) loads its wrapper
+    from the graph cache."""
     from minductor import debug, graph_cache
     from minductor.codegen import wrapper
 
     reason = unsupported_reason(gm, example_inputs)
     if reason is not None:
         log.warning("minductor: running %s graph through aten: %s", kind, reason)
-        return _run_aten_graph(gm)
+        return graph_cache.CompiledGraph(kind, _run_aten_graph(gm), None, {}, f"runs through aten: {reason}")
     t0 = time.perf_counter()
     dump = debug.maybe_graph_dump(kind)
     key = graph_cache.graph_key(gm, example_inputs, kind) if dump is None else None
     entry = graph_cache.load(key) if key is not None else None
     if entry is not None:
-        call = wrapper.load_wrapper(wrapper.WrapperModule(entry.source, entry.kernel_codes(),
-                                                          graph_cache.constants_of(gm, entry)), None)
+        constants = graph_cache.constants_of(gm, entry)
+        call = wrapper.load_wrapper(wrapper.WrapperModule(entry.source, entry.kernel_codes(), constants), None)
         graph_cache.replay_metrics(entry.metrics)
         log.info("minductor: loaded %s graph from the graph cache in %.3fs", kind, time.perf_counter() - t0)
-        return call
+        return graph_cache.CompiledGraph(kind, call, entry, constants, _not_in_aot_cache(gm))
     before = graph_cache.metrics_snapshot()
     result = _compile(gm, example_inputs, kind, dump)
     if result is None:
-        return _run_aten_graph(gm)
+        return graph_cache.CompiledGraph(kind, _run_aten_graph(gm), None, {}, "runs through aten")
     call, graph, module = result
-    if key is not None and not graph.callables:
-        graph_cache.save(key, graph_cache.CachedGraph(module.source, [dataclasses.asdict(k) for k in module.kernels],
-                                                      graph.constant_targets, graph_cache.metrics_since(before)))
     log.info("minductor: compiled %s graph in %.3fs", kind, time.perf_counter() - t0)
-    return call
+    if key is None:
+        return graph_cache.CompiledGraph(kind, call, None, {}, "debug runs dump every stage")
+    if graph.callables:
+        return graph_cache.CompiledGraph(kind, call, None, {}, "it calls Python callables (XLA computations)")
+    entry = graph_cache.CachedGraph(module.source, [dataclasses.asdict(k) for k in module.kernels],
+                                    graph.constant_targets, graph_cache.metrics_since(before))
+    graph_cache.save(key, entry)
+    return graph_cache.CompiledGraph(kind, call, entry, dict(graph.constants), _not_in_aot_cache(gm))
+
+
+def _not_in_aot_cache(gm: torch.fx.GraphModule) -> str:
+    """Why AOTAutograd's cache must not store this graph ("" if it may)."""
+    if gm.graph.find_nodes(op="call_function", target=torch.ops.higher_order.with_effects):
+        # its entries drop the effect tokens such graphs take as inputs (TorchInductor's graphs
+        # have them unlifted, with unlift_effect_tokens)
+        return "it threads effect tokens"
+    return ""
 
 
 def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str, dump: Any) -> Any:

@@ -12,6 +12,11 @@ reader sees a whole entry or none. Graphs calling Python callables (XLA computat
 debug runs (``config.debug``: the dump wants every stage) are never cached. What compiling
 the graph added to ``minductor.metrics`` is stored with the entry and added again on a hit,
 so counters read the same either way; ``metrics.graph_cache_hits`` counts the hits.
+
+``CompiledGraph`` is what the backend's compilers return: the loaded graph and, when it can be
+cached, its entry and constants. It is an ``OutputCode``, so AOTAutograd's own cache stores it
+whole inside its entry (keyed by Dynamo's graph, before AOTAutograd traces it): a warm start
+then skips AOTAutograd's tracing and partitioning too (see ``backend.py``).
 """
 from __future__ import annotations
 
@@ -23,17 +28,19 @@ import os
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+from torch._inductor.output_code import OutputCode
 
 from minductor import config, metrics
 
 FORMAT = 2
 # flags that change where things go or how fast, never what is generated
-_NOT_KEYED = frozenset({"debug", "debug_dir", "cache_dir", "compile_threads"})
+_NOT_KEYED = frozenset({"debug", "debug_dir", "cache_dir", "compile_threads", "aot_cache"})
 _COUNTERS = ("graphs_compiled", "generated_kernel_count", "buffers_allocated", "buffers_reused")
 
 
@@ -52,6 +59,47 @@ class CachedGraph:
                 for k in self.kernels]
 
 
+@dataclasses.dataclass
+class CompiledGraph(OutputCode):
+    """One compiled aten graph: a boxed callable (it takes the argument list and empties it).
+
+    ``not_cached`` says why AOTAutograd's cache must not store the graph (it then bypasses
+    the whole compile); ``entry`` is None for graphs our own cache does not hold either. Pickled, a graph keeps its entry and constants and
+    drops the loaded module; ``post_compile`` loads it again (kernels through the kernel cache).
+    """
+    kind: str
+    call: Callable[[list[Any]], Any] | None
+    entry: CachedGraph | None
+    constants: dict[str, Any]
+    not_cached: str = ""
+
+    def __post_init__(self) -> None:
+        # AOTAutograd passes the argument list itself; an instance attribute, so the wrapper
+        # Dynamo's disable() puts around a backward copies it
+        self._boxed_call = True
+
+    def __call__(self, args: list[Any]) -> Any:
+        assert self.call is not None, "minductor: a CompiledGraph ran before post_compile loaded it"
+        return self.call(args)
+
+    def prepare_for_serialization(self) -> None:
+        if self.entry is None or self.not_cached:
+            raise BypassAOTAutogradCache(f"minductor: {self.kind} graph not cached: {self.not_cached}")
+        self.call = None
+
+    def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
+        if self.call is None:
+            assert self.entry is not None
+            from minductor.codegen import wrapper
+
+            self.call = wrapper.load_wrapper(wrapper.WrapperModule(self.entry.source, self.entry.kernel_codes(),
+                                                                   self.constants), None)
+            replay_metrics(self.entry.metrics)
+
+    def set_triton_bundle(self, triton_bundle: Any) -> None:
+        pass  # Triton kernels are in the entry's source
+
+
 @functools.cache
 def _sources_digest() -> str:
     """minductor's own code (Python sources and the C++ prelude) and the torch version."""
@@ -63,19 +111,29 @@ def _sources_digest() -> str:
     return digest.hexdigest()
 
 
-def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> str:
+def compiler_state() -> list[Any]:
+    """What shapes generated code besides the graph: minductor's sources and flags, the
+    toolchain and CPU, the default dtype."""
     from minductor.runtime.cache import toolchain_fingerprint
 
-    # kernels are generated for the toolchain and CPU (whether the compiler gathers, ...)
-    parts: list[Any] = [FORMAT, _sources_digest(), toolchain_fingerprint(config.cxx), kind, str(torch.get_default_dtype())]
-    parts.append(sorted((name, repr(getattr(config, name))) for name in config.FLAGS - _NOT_KEYED))
+    flags = sorted((name, repr(getattr(config, name))) for name in config.FLAGS - _NOT_KEYED)
+    return [FORMAT, _sources_digest(), toolchain_fingerprint(config.cxx), str(torch.get_default_dtype()), flags]
+
+
+def xla_state(gm: torch.fx.GraphModule) -> list[Any]:
+    """einsum and scan lower to XLA, or to aten where JAX is missing."""
+    if not _uses_xla(gm):
+        return []
+    from minductor.codegen.xla import jax_available
+
+    return [("jax", jax_available())]
+
+
+def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> str:
+    parts: list[Any] = [*compiler_state(), kind, *xla_state(gm)]
     for name, module in gm.named_modules():
         if isinstance(module, torch.fx.GraphModule):
             parts.append((name, module.code))
-    if _uses_xla(gm):  # einsum and scan lower to XLA, or to aten where JAX is missing
-        from minductor.codegen.xla import jax_available
-
-        parts.append(("jax", jax_available()))
     parts.append([_describe(x) for x in example_inputs])
     for node in gm.graph.find_nodes(op="get_attr"):
         parts.append((node.target, _describe(_attribute(gm, node.target))))

@@ -142,3 +142,60 @@ def test_a_second_process_loads_the_graph(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert runs[0] == {"hits": 0, "graphs": 1} and runs[1] == {"hits": 1, "graphs": 1}
+
+
+TRAIN_CHILD = r"""
+import json, torch
+from torch._dynamo.utils import counters
+from minductor import metrics
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+x = torch.randn(8, 16)
+torch.compile(model, backend="minductor")(x).square().sum().backward()
+got = [p.grad.clone() for p in model.parameters()]
+model.zero_grad()
+model(x).square().sum().backward()
+for g, p in zip(got, model.parameters()):
+    torch.testing.assert_close(g, p.grad)
+print(json.dumps({"aot_hits": counters["aot_autograd"]["autograd_cache_hit"],
+                  "aot_saved": counters["aot_autograd"]["autograd_cache_saved"],
+                  "graph_hits": metrics.graph_cache_hits, "graphs": metrics.graphs_compiled}))
+"""
+
+
+def test_a_second_process_skips_aot_tracing(tmp_path: Path) -> None:
+    """AOTAutograd's cache holds the forward and the (lazily compiled) backward graph in one
+    entry under our cache dir: a second process loads both without tracing."""
+    env = dict(os.environ, MINDUCTOR_CACHE_DIR=str(tmp_path / "shared"))
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", TRAIN_CHILD], env=env, capture_output=True, text=True,  # noqa: PLW1510
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert runs[0] == {"aot_hits": 0, "aot_saved": 1, "graph_hits": 0, "graphs": 2}
+    assert runs[1] == {"aot_hits": 1, "aot_saved": 0, "graph_hits": 2, "graphs": 2}
+    assert list((tmp_path / "shared" / "aotautograd").iterdir())
+
+
+def test_aot_cache_settings_end_with_the_compile() -> None:
+    """The settings the lazy backward compile takes are dropped when that compile ends."""
+    from torch._functorch import config as functorch_config
+    from torch._functorch._aot_autograd import autograd_cache
+
+    key_fn = autograd_cache.autograd_cache_key
+    model, x = torch.nn.Linear(8, 4), torch.randn(2, 8)
+    torch.compile(model, backend="minductor")(x).sin().sum().backward()
+    torch.testing.assert_close(model.weight.grad, model(x).cos().t() @ x)
+    assert autograd_cache.autograd_cache_key is key_fn and not functorch_config.bundled_autograd_cache
+    assert autograd_cache.cache_dir() != config.cache_dir
+
+
+def test_without_the_aot_cache_nothing_is_written_there() -> None:
+    with config.patch(aot_cache=False):
+        for _ in range(2):
+            torch._dynamo.reset()
+            x, y = torch.randn(8, 16), torch.randn(8, 16)
+            torch.testing.assert_close(torch.compile(_softmax_mm, backend="minductor")(x, y), _softmax_mm(x, y))
+    assert not (Path(config.cache_dir) / "aotautograd").exists()
+    assert metrics.graph_cache_hits == 1  # our own graph cache still serves the second compile
