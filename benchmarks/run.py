@@ -5,6 +5,7 @@ import argparse
 import compileall
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,9 @@ else:
     torch.compile({"pointwise3": f3, "ops50": f50}[case], backend=backend)(torch.randn(64, 256))
 print(json.dumps(time.perf_counter() - start))
 """
+
+
+WARM_RUNS = 5
 
 
 def bench_speed(with_inductor: bool, names: list[str]) -> None:
@@ -66,11 +70,13 @@ def bench_compile(with_inductor: bool) -> None:
                    env=base_env, check=True)  # warm the OS file cache
     for case in ["pointwise3", "ops50", "mlp_fw_bw"]:
         with tempfile.TemporaryDirectory() as tmp:
-            dynamo = child("eager", case, tmp)
             cold = child("minductor", case, tmp)
-            warm = child("minductor", case, tmp)
-        row = [f"dynamo alone {dynamo:.2f} s", f"minductor cold {cold:.2f} s",
-               f"warm {warm:.2f} s (+{warm - dynamo:.2f} s over dynamo)"]
+            # a child's start-up moves by ~0.3 s between runs: warm and Dynamo alone alternate
+            dynamo, warm = zip(*[(child("eager", case, tmp), child("minductor", case, tmp)) for _ in range(WARM_RUNS)])
+        extra = [w - d for d, w in zip(dynamo, warm)]
+        row = [f"dynamo alone {statistics.median(dynamo):.2f} s", f"minductor cold {cold:.2f} s",
+               f"warm {statistics.median(warm):.2f} s ({statistics.median(extra):+.2f} s over dynamo, "
+               f"median of {WARM_RUNS} pairs; {min(extra):+.2f} to {max(extra):+.2f})"]
         if with_inductor:
             with tempfile.TemporaryDirectory() as tmp:
                 inductor = child("inductor", case, tmp)
