@@ -2,7 +2,9 @@
 
 Declared as the ``torch_dynamo_backends`` entry point in pyproject.toml, so it works in a
 fresh interpreter without ``import minductor``. AOTAutograd turns Dynamo's graph into aten
-forward/backward (or inference) graphs; each goes through ``compile_graph``.
+forward/backward (or inference) graphs; each goes through ``compile_graph``. AOTAutograd's
+cache stores the compiled graphs with its runtime wrappers (``aot_cache.py``), so a warm
+start skips its tracing as well.
 
 ``aot_module_simplified`` is called directly rather than through Dynamo's ``aot_autograd``
 helper, which imports TorchInductor's debug module (and its IR and scheduler) on every
