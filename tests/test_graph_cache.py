@@ -133,14 +133,20 @@ print(json.dumps({"hits": metrics.graph_cache_hits, "graphs": metrics.graphs_com
 """
 
 
-def test_a_second_process_loads_the_graph(tmp_path: Path) -> None:
-    env = dict(os.environ, MINDUCTOR_CACHE_DIR=str(tmp_path / "shared"))
+def _run_twice(child: str, cache_dir: Path) -> list[dict[str, Any]]:
+    """Run ``child`` in two fresh processes sharing ``cache_dir``; the JSON each prints last."""
+    env = dict(os.environ, MINDUCTOR_CACHE_DIR=str(cache_dir))
     runs = []
     for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,  # noqa: PLW1510
+        proc = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True,  # noqa: PLW1510
                               timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def test_a_second_process_loads_the_graph(tmp_path: Path) -> None:
+    runs = _run_twice(CHILD, tmp_path / "shared")
     assert runs[0] == {"hits": 0, "graphs": 1} and runs[1] == {"hits": 1, "graphs": 1}
 
 
@@ -166,13 +172,7 @@ print(json.dumps({"aot_hits": counters["aot_autograd"]["autograd_cache_hit"],
 def test_a_second_process_skips_aot_tracing(tmp_path: Path) -> None:
     """AOTAutograd's cache holds the forward and the (lazily compiled) backward graph in one
     entry under our cache dir: a second process loads both without tracing."""
-    env = dict(os.environ, MINDUCTOR_CACHE_DIR=str(tmp_path / "shared"))
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", TRAIN_CHILD], env=env, capture_output=True, text=True,  # noqa: PLW1510
-                              timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    runs = _run_twice(TRAIN_CHILD, tmp_path / "shared")
     assert runs[0] == {"aot_hits": 0, "aot_saved": 1, "graph_hits": 0, "graphs": 2}
     assert runs[1] == {"aot_hits": 1, "aot_saved": 0, "graph_hits": 2, "graphs": 2}
     assert list((tmp_path / "shared" / "aotautograd").iterdir())
