@@ -287,7 +287,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     (a boxed callable). A graph compiled before (this process or another) loads its wrapper
     from the graph cache."""
     from minductor import debug, graph_cache
-    from minductor.codegen import wrapper
 
     reason = unsupported_reason(gm, example_inputs)
     if reason is not None:
@@ -299,8 +298,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     entry = graph_cache.load(key) if key is not None else None
     if entry is not None:
         constants = graph_cache.constants_of(gm, entry)
-        call = wrapper.load_wrapper(wrapper.WrapperModule(entry.source, entry.kernel_codes(), constants), None)
-        graph_cache.replay_metrics(entry.metrics)
+        call = entry.load(constants)
         log.info("minductor: loaded %s graph from the graph cache in %.3fs", kind, time.perf_counter() - t0)
         return graph_cache.CompiledGraph(kind, call, entry, constants, _not_in_aot_cache(gm))
     before = graph_cache.metrics_snapshot()
@@ -331,7 +329,8 @@ def _not_in_aot_cache(gm: torch.fx.GraphModule) -> str:
 def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str, dump: Any) -> Any:
     """Lower, schedule, generate and load: (call, graph, wrapper module), or None when the
     graph holds something minductor cannot compile (it then runs through aten)."""
-    from minductor.codegen.wrapper import WrapperCodegenError, generate_wrapper, load_wrapper
+    from minductor.codegen.wrapper import WrapperCodegenError, generate_wrapper
+    from minductor.runtime import loader
     from minductor.ir.verify import verify_graph, verify_schedule
     from minductor.scheduler import Scheduler
 
@@ -360,7 +359,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
         log.warning("minductor: running %s graph through aten: %s", kind, e)
         return None
     timings["codegen"] = time.perf_counter() - t0 - timings["lower"] - timings["schedule"]
-    call = load_wrapper(module, dump)                                # 5. load (compiles kernels)
+    call = loader.load_wrapper(module, dump)                         # 5. load (compiles kernels)
     timings["load"] = time.perf_counter() - t0 - sum(timings.values())
     metrics.graphs_compiled += 1
     metrics.generated_kernel_count += len(module.kernels)

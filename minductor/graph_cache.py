@@ -51,6 +51,14 @@ class CachedGraph:
     constants: dict[str, str]  # wrapper name -> the graph module attribute it binds
     metrics: dict[str, Any]  # what compiling the graph added to minductor.metrics
 
+    def load(self, constants: dict[str, Any]) -> Callable[[list[Any]], Any]:
+        """The graph's ``call``, its constants bound; counts as a hit in ``minductor.metrics``."""
+        from minductor.runtime import loader
+
+        call = loader.load_wrapper(loader.WrapperModule(self.source, self.kernel_codes(), constants), None)
+        replay_metrics(self.metrics)
+        return call
+
     def kernel_codes(self) -> list[Any]:
         from minductor.codegen.common import KernelCode
 
@@ -90,11 +98,7 @@ class CompiledGraph(OutputCode):
     def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
         if self.call is None:
             assert self.entry is not None
-            from minductor.codegen import wrapper
-
-            self.call = wrapper.load_wrapper(wrapper.WrapperModule(self.entry.source, self.entry.kernel_codes(),
-                                                                   self.constants), None)
-            replay_metrics(self.entry.metrics)
+            self.call = self.entry.load(self.constants)
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         pass  # Triton kernels are in the entry's source

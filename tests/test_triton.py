@@ -21,21 +21,21 @@ def _triton_backend() -> Any:
 
 def sources(fn: Callable[..., Any], *args: Any) -> list[str]:
     """Compile ``fn`` and return the generated Triton kernel sources (from the wrapper module)."""
-    from minductor.codegen import wrapper
+    from minductor.runtime import loader
 
     captured: list[str] = []
-    original = wrapper.load_wrapper
+    original = loader.load_wrapper
 
     def spy(module: Any, dump: Any) -> Any:
         captured.extend(k.source for k in module.kernels if k.backend == "triton")
         return original(module, dump)
 
-    wrapper.load_wrapper = spy
+    loader.load_wrapper = spy
     torch._dynamo.reset()
     try:
         torch.compile(fn, backend="minductor")(*args)
     finally:
-        wrapper.load_wrapper = original
+        loader.load_wrapper = original
     return captured
 
 
@@ -226,10 +226,10 @@ def test_generated_kernels_compile_for_a_gpu(tmp_path: Any) -> None:
     import subprocess
     import sys
 
-    from minductor.codegen import wrapper
+    from minductor.runtime import loader
 
     kernels: list[Any] = []
-    original = wrapper.load_wrapper
+    original = loader.load_wrapper
 
     def spy(module: Any, dump: Any) -> Any:
         kernels.extend(k for k in module.kernels if k.backend == "triton")
@@ -250,7 +250,7 @@ def test_generated_kernels_compile_for_a_gpu(tmp_path: Any) -> None:
         (lambda a, b, r: torch.bmm(a, b) + r, *(torch.randn(2, 20, 20, dtype=torch.bfloat16) for _ in range(3))),
         (lambda a, b: torch.bmm(a, b).float(), torch.randn(2, 20, 24, dtype=torch.float16), torch.randn(2, 24, 9).half()),
     ]
-    wrapper.load_wrapper = spy
+    loader.load_wrapper = spy
     try:
         for fn, *args in cases:
             torch._dynamo.reset()
@@ -259,7 +259,7 @@ def test_generated_kernels_compile_for_a_gpu(tmp_path: Any) -> None:
         torch.compile(lambda x: (x * x).sum(-1), backend="minductor", dynamic=True)(torch.randn(5, 7))
         torch.compile(lambda x: (x * x).sum(-1), backend="minductor", dynamic=True)(torch.randn(6, 9))
     finally:
-        wrapper.load_wrapper = original
+        loader.load_wrapper = original
     specs = [{"name": k.name, "source": k.source, "signature": k.triton_signature[0], "constexprs": k.triton_signature[1]}
              for k in kernels]
     assert any("tl.dot(" in s["source"] for s in specs) and any("tl.atomic_add(" in s["source"] for s in specs)
@@ -331,11 +331,11 @@ def test_autotune_tries_every_candidate_and_caches_the_winner(case: str) -> None
 def test_autotune_skips_kernels_that_update_in_place() -> None:
     """Atomic scatter-adds change their output on every launch: never benchmarked."""
     from minductor import config
-    from minductor.codegen import wrapper
+    from minductor.runtime import loader
 
     x, idx, src = torch.randn(6, 40), torch.randint(0, 40, (6, 5)), torch.randn(6, 5)
     kernels: list[Any] = []
-    original = wrapper.load_wrapper
+    original = loader.load_wrapper
 
     def spy(module: Any, dump: Any) -> Any:
         kernels.extend(k for k in module.kernels if k.backend == "triton")
@@ -344,12 +344,12 @@ def test_autotune_skips_kernels_that_update_in_place() -> None:
     fn = lambda x, i, s: (x.scatter_add(1, i, s), x.cos())
     try:
         config.triton_autotune = True
-        wrapper.load_wrapper = spy
+        loader.load_wrapper = spy
         torch._dynamo.reset()
         torch.testing.assert_close(torch.compile(fn, backend="minductor")(x, idx, src), fn(x, idx, src))
     finally:
         config.triton_autotune = False
-        wrapper.load_wrapper = original
+        loader.load_wrapper = original
     atomic = [k for k in kernels if "tl.atomic_add(" in k.source]
     assert atomic and all("autotune_launch(" not in k.call for k in atomic)
     assert any("autotune_launch(" in k.call for k in kernels if k not in atomic), "the other kernels are tuned"

@@ -21,21 +21,21 @@ def _triton_backend() -> Any:
 
 def wrapper_and_kernels(fn: Callable[..., Any], *args: Any, dynamic: bool = False) -> tuple[str, list[str]]:
     """Compile ``fn``; return the wrapper module source and its Triton kernel sources."""
-    from minductor.codegen import wrapper
+    from minductor.runtime import loader
 
     modules: list[Any] = []
-    original = wrapper.load_wrapper
+    original = loader.load_wrapper
 
     def spy(module: Any, dump: Any) -> Any:
         modules.append(module)
         return original(module, dump)
 
-    wrapper.load_wrapper = spy
+    loader.load_wrapper = spy
     torch._dynamo.reset()
     try:
         torch.compile(fn, backend="minductor", dynamic=dynamic)(*args)
     finally:
-        wrapper.load_wrapper = original
+        loader.load_wrapper = original
     (module,) = modules
     return module.source, [k.source for k in module.kernels if k.backend == "triton"]
 

@@ -193,9 +193,9 @@ NEEDS_GPU = "timing needs a GPU (ran once in Triton's interpreter; result checke
 @contextlib.contextmanager
 def _record_graphs(graphs: list[tuple[Any, list[Any]]]) -> Iterator[None]:
     """Record each compiled graph's wrapper source and the arguments of its first call."""
-    from minductor.codegen import wrapper
+    from minductor.runtime import loader
 
-    original = wrapper.load_wrapper
+    original = loader.load_wrapper
 
     def load(module: Any, dump: Any) -> Any:
         call = original(module, dump)
@@ -210,11 +210,11 @@ def _record_graphs(graphs: list[tuple[Any, list[Any]]]) -> Iterator[None]:
         return recording
 
     seen: set[int] = set()
-    wrapper.load_wrapper = load
+    loader.load_wrapper = load
     try:
         yield
     finally:
-        wrapper.load_wrapper = original
+        loader.load_wrapper = original
 
 
 # name -> (a call, the bytes it moves): streaming loops timed in alternation with each kernel

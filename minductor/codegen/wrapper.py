@@ -2,17 +2,13 @@
 kernels and extern ops, frees dead buffers and returns outputs."""
 from __future__ import annotations
 
-import dataclasses
-import itertools
-import linecache
 import math
-from collections.abc import Callable
 from typing import Any
 
 import sympy
 import torch
 
-from minductor import config, metrics
+from minductor import config
 from minductor.codegen.common import CodeBuffer, KernelCode, py_index
 from minductor.codegen.cpp import CppKernel, kernel_name
 from minductor.codegen.cpp_scan import CppScanKernel
@@ -29,21 +25,13 @@ from minductor.ir.nodes import (
     MultiOutput,
 )
 from minductor.ir.views import ReinterpretView
+from minductor.runtime.loader import WrapperModule
 from minductor.scheduler import Scheduler
 from minductor.scheduler.nodes import ExternSchedulerNode, FusedGroup
-
-_module_counter = itertools.count()
 
 
 class WrapperCodegenError(Exception):
     """The graph holds a value the wrapper cannot express; the graph then runs through aten."""
-
-
-@dataclasses.dataclass
-class WrapperModule:
-    source: str
-    kernels: list[KernelCode]
-    constants: dict[str, Any]  # tensors and callables the graph holds, bound by name at load
 
 
 def uses_triton(group: FusedGroup) -> bool:
@@ -325,20 +313,4 @@ def _render_module(body: CodeBuffer, kernels: list[KernelCode], constants: list[
     return out.getvalue()
 
 
-def load_wrapper(module: WrapperModule, dump: Any) -> Callable[[list[Any]], Any]:
-    """Compile the kernels (in parallel, through the cache) and return ``call``."""
-    if dump is not None:
-        path = dump.write("output_code.py", module.source)
-        for kernel in module.kernels:
-            dump.write(f"{kernel.name}{kernel.file_suffix}", kernel.source)
-        filename = str(path)
-    else:
-        filename = f"<minductor output_code {next(_module_counter)}>"
-    # Triton reads a kernel's source through linecache (inspect.getsourcelines)
-    linecache.cache[filename] = (len(module.source), None, module.source.splitlines(True), filename)
-    namespace: dict[str, Any] = {"__name__": "minductor_output_code", "constants": module.constants}
-    exec(compile(module.source, filename, "exec"), namespace)  # noqa: S102 - our own generated code
-    return namespace["call"]
-
-
-__all__ = ["ComputedBuffer", "InputBuffer", "generate_wrapper", "load_wrapper"]
+__all__ = ["ComputedBuffer", "InputBuffer", "generate_wrapper"]
