@@ -158,3 +158,23 @@ def test_half_round_trip_of_a_padded_row_rounds_every_element() -> None:
     fn = lambda x: torch.nn.functional.pad(x.half(), (2, 0)).float()  # noqa: E731
     x = torch.randn(2, 3, 5)
     torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x), atol=0, rtol=0)
+
+
+def test_compiler_probes_are_kept_on_disk_per_binary(tmp_path: Path, fresh_cache: Path) -> None:
+    """A probe of the compiler runs once per binary (a changed binary runs it again)."""
+    fake = tmp_path / "fake-cxx"
+    log = tmp_path / "runs"
+
+    def write(version: str) -> None:
+        fake.write_text(f"#!/bin/sh\necho run >> {log}\necho {version}\n")
+        fake.chmod(0o755)
+
+    write("v1")
+    probe = cache._probe.__wrapped__  # past the in-process memo, as a new process would be
+    assert probe(str(fake), "--version") == "v1\n" and probe(str(fake), "--version") == "v1\n"
+    assert log.read_text().count("run") == 1
+    assert list((fresh_cache / "toolchain").iterdir())
+    write("version-2")  # another size: another binary
+    assert probe(str(fake), "--version") == "version-2\n"
+    assert log.read_text().count("run") == 2
+    assert probe(str(tmp_path / "missing-cxx"), "--version") == ""

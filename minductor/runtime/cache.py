@@ -10,6 +10,9 @@ units at most, each holding several kernels, because every g++ run has a fixed c
 of driver, front-end start-up and linking here) that would otherwise be paid per kernel. Such
 a unit is cached under the key of its concatenated source; a unit that fails to compile falls
 back to one compile per kernel, so an error still names its kernel.
+
+What the compiler says of itself (version, what ``-march=native`` resolves to, where libmvec
+is) is probed once per compiler binary and CPU and kept in ``<cache_dir>/toolchain/``.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import ctypes
 import fcntl
 import functools
 import hashlib
+import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,10 +67,7 @@ class CppCompileError(RuntimeError):
 @functools.cache
 def _toolchain_fingerprint(cxx: str) -> str:
     """Compiler version, flags and CPU: everything besides the source that shapes the .so."""
-    try:
-        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
-    except OSError as e:
-        version = f"unavailable: {e}"
+    version = _probe(cxx, "--version") or "unavailable"
     info = cpu_info()  # -march=native: a shared cache must not mix CPUs
     cpu = info.get("flags") or info.get("Features", "")
     return "\n".join([cxx, version, " ".join([*_BASE_FLAGS, *tune_flags(cxx), *isa_flags(cxx)]), platform.machine(), cpu])
@@ -85,13 +87,38 @@ def cpu_info() -> dict[str, str]:
 
 
 @functools.cache
-def _native_target(cxx: str) -> str:
-    """``cxx -march=native -Q --help=target``: the target options native resolves to ("" if none)."""
+def _probe(cxx: str, *args: str) -> str:
+    """``cxx args``'s stdout ("" if it cannot run), kept on disk per compiler binary and CPU:
+    the three probes cost 40-65 ms of subprocesses, which every warm process paid."""
+    binary = shutil.which(cxx)
+    if binary is None:
+        return ""
+    stat = os.stat(binary)
+    info = cpu_info()
+    key = hashlib.sha256(repr((os.path.realpath(binary), stat.st_size, stat.st_mtime_ns, args, info.get("model name"),
+                               info.get("flags") or info.get("Features"))).encode()).hexdigest()
+    path = Path(config.cache_dir) / "toolchain" / f"{key}.json"
     try:
-        return subprocess.run([cxx, "-march=native", "-Q", "--help=target"], capture_output=True, text=True,
-                              check=False).stdout
+        return json.loads(path.read_text())["stdout"]
+    except (OSError, ValueError, KeyError):
+        pass
+    try:
+        out = subprocess.run([binary, *args], capture_output=True, text=True, check=False).stdout
     except OSError:
         return ""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump({"args": list(args), "stdout": out}, f)
+        os.replace(f.name, path)
+    except OSError:  # a read-only cache dir: probe again next time
+        pass
+    return out
+
+
+def _native_target(cxx: str) -> str:
+    """``cxx -march=native -Q --help=target``: the target options native resolves to ("" if none)."""
+    return _probe(cxx, "-march=native", "-Q", "--help=target")
 
 
 def _native_tune(cxx: str) -> str:
@@ -142,14 +169,12 @@ def tune_flags(cxx: str) -> list[str]:
 @functools.cache
 def libmvec_installed(cxx: str) -> bool:
     """Whether the C++ compiler can link glibc's vector math library (x86-64 Linux): it prints
-    the library's full path only when the file is on its search path."""
+    the library's full path only when the file is on its search path (a probe kept on disk:
+    the path must still exist)."""
     if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
         return False
-    try:
-        out = subprocess.run([cxx, "-print-file-name=libmvec.so"], capture_output=True, text=True, check=False)
-    except OSError:
-        return False
-    return os.path.isabs(out.stdout.strip())
+    path = _probe(cxx, "-print-file-name=libmvec.so").strip()
+    return os.path.isabs(path) and os.path.exists(path)
 
 
 def _math_flags() -> tuple[list[str], list[str]]:
