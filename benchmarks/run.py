@@ -38,6 +38,7 @@ print(json.dumps(time.perf_counter() - start))
 
 
 WARM_RUNS = 5
+COLD_RUNS = 3
 
 
 def bench_speed(with_inductor: bool, names: list[str]) -> None:
@@ -69,12 +70,18 @@ def bench_compile(with_inductor: bool) -> None:
     subprocess.run([sys.executable, "-c", "import torch, minductor.graph, torch._inductor.compile_fx"],
                    env=base_env, check=True)  # warm the OS file cache
     for case in ["pointwise3", "ops50", "mlp_fw_bw"]:
+        colds = []
+        for _ in range(COLD_RUNS - 1):  # each in empty caches of its own
+            with tempfile.TemporaryDirectory() as tmp:
+                colds.append(child("minductor", case, tmp))
         with tempfile.TemporaryDirectory() as tmp:
-            cold = child("minductor", case, tmp)
+            colds.append(child("minductor", case, tmp))
             # a child's start-up moves by ~0.3 s between runs: warm and Dynamo alone alternate
             dynamo, warm = zip(*[(child("eager", case, tmp), child("minductor", case, tmp)) for _ in range(WARM_RUNS)])
         extra = [w - d for d, w in zip(dynamo, warm)]
-        row = [f"dynamo alone {statistics.median(dynamo):.2f} s", f"minductor cold {cold:.2f} s",
+        cold = statistics.median(colds)
+        row = [f"dynamo alone {statistics.median(dynamo):.2f} s",
+               f"minductor cold {cold:.2f} s (median of {COLD_RUNS}; {min(colds):.2f} to {max(colds):.2f})",
                f"warm {statistics.median(warm):.2f} s ({statistics.median(extra):+.2f} s over dynamo, "
                f"median of {WARM_RUNS} pairs; {min(extra):+.2f} to {max(extra):+.2f})"]
         if with_inductor:
