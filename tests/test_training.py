@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,10 +134,10 @@ def test_training_steps_match_eager(opt_cls: type, kwargs: dict[str, Any]) -> No
     assert not metrics.fallback_ops, metrics.fallback_ops
 
 
-def test_min_cut_partitioner_saves_fewer_activations(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_min_cut_partitioner_saves_fewer_activations(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """minductor's backend uses min-cut rematerialization: cheap pointwise ops are recomputed
     in the backward instead of saved, so the forward returns fewer tensors than with the
-    default partitioner."""
+    default partitioner. Own cache dir: a hit in AOTAutograd's cache would skip the spy."""
     from functorch.compile import default_partition
     from torch._dynamo.backends.common import aot_autograd
 
@@ -152,6 +153,7 @@ def test_min_cut_partitioner_saves_fewer_activations(monkeypatch: pytest.MonkeyP
         return original(gm, example_inputs, kind)
 
     monkeypatch.setattr(graph_module, "compile_graph", recording)
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path / "cache"))
 
     def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return (F.gelu(x @ w).sin() * 2 + 1).tanh().sum()
