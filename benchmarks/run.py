@@ -70,14 +70,13 @@ def bench_compile(with_inductor: bool) -> None:
     subprocess.run([sys.executable, "-c", "import torch, minductor.graph, torch._inductor.compile_fx"],
                    env=base_env, check=True)  # warm the OS file cache
     for case in ["pointwise3", "ops50", "mlp_fw_bw"]:
-        colds = []
-        for _ in range(COLD_RUNS - 1):  # each in empty caches of its own
-            with tempfile.TemporaryDirectory() as tmp:
-                colds.append(child("minductor", case, tmp))
-        with tempfile.TemporaryDirectory() as tmp:
-            colds.append(child("minductor", case, tmp))
-            # a child's start-up moves by ~0.3 s between runs: warm and Dynamo alone alternate
-            dynamo, warm = zip(*[(child("eager", case, tmp), child("minductor", case, tmp)) for _ in range(WARM_RUNS)])
+        with tempfile.TemporaryDirectory() as root:
+            caches = [os.path.join(root, str(i)) for i in range(COLD_RUNS)]
+            colds = [child("minductor", case, cache) for cache in caches]  # each in empty caches
+            # warm runs reuse the last cold run's caches; a child's start-up moves by ~0.3 s
+            # between runs, so warm and Dynamo alone alternate
+            dynamo, warm = zip(*[(child("eager", case, caches[-1]), child("minductor", case, caches[-1]))
+                                 for _ in range(WARM_RUNS)])
         extra = [w - d for d, w in zip(dynamo, warm)]
         cold = statistics.median(colds)
         row = [f"dynamo alone {statistics.median(dynamo):.2f} s",

@@ -9,8 +9,8 @@ wrappers with the compiled graphs. We use it with three settings, for our compil
   mode looks each graph up in TorchInductor's FX graph cache by a key only it writes).
 - The backward graph compiles lazily, at its first run, as usual; AOTAutograd writes the
   entry right after, inside the same compile-callback scope. So the backward compiler takes
-  the settings again and a Dynamo end-of-compile callback drops them
-  (``hold_for_lazy_backward``); without them the entry would not be bundled, i.e. not written.
+  the settings again and a Dynamo end-of-compile callback drops them (``holding_settings``);
+  without them the entry would not be bundled, i.e. not written.
 - Our own key function. Torch's hashes the same Dynamo graph, inputs and AOTAutograd
   settings, plus TorchInductor's config, and imports TorchInductor's code generator to do
   it (about 1.2 s, on every compile, measured with ``-X importtime``). Ours keeps the
@@ -26,7 +26,7 @@ debug runs never use it (a hit would skip the dump).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from unittest import mock
 
@@ -40,7 +40,11 @@ from torch._functorch._aot_autograd.autograd_cache import (
     AOTAutogradCachePickler,
     BypassAOTAutogradCache,
 )
+from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler
 from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_functional, triton_kernel_wrapper_mutation
+
+from minductor import config
+from minductor.graph_cache import CompiledGraph, compiler_state, xla_state
 
 
 class _KeyDetails(AOTAutogradCacheDetails):
@@ -57,8 +61,6 @@ class _KeyDetails(AOTAutogradCacheDetails):
 
     def _init_fx_graph_hash_details(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                                     fx_config: Any) -> None:
-        from minductor.graph_cache import compiler_state, xla_state
-
         self.gm = gm
         self.example_inputs = list(example_inputs)
         self.cache_key_tag = torch.compiler.config.cache_key_tag
@@ -87,8 +89,6 @@ _held = False  # settings() is in force
 def settings() -> Iterator[None]:
     """While AOTAutograd compiles one of our graphs: bundled entries, our key, our cache dir."""
     global _held
-    from minductor import config
-
     with functorch_config.patch(bundled_autograd_cache=True), \
             mock.patch.object(autograd_cache, "autograd_cache_key", cache_key), \
             mock.patch.object(autograd_cache, "cache_dir", lambda: config.cache_dir):
@@ -99,17 +99,25 @@ def settings() -> Iterator[None]:
             _held = False
 
 
-def hold_for_lazy_backward() -> None:
-    """Called by the backward compiler. Compiled lazily (outside ``settings()``), the backward
-    is followed by AOTAutograd writing the entry, before the compile's end callbacks run:
-    take the settings until then."""
-    if _held:
-        return
-    stack = contextlib.ExitStack()
-    stack.enter_context(settings())
+def serializable(compile_fn: Callable[..., Any]) -> SerializableAOTDispatchCompiler:
+    """``compile_fn`` as a compiler whose ``CompiledGraph``s AOTAutograd's cache may store."""
+    return SerializableAOTDispatchCompiler(CompiledGraph, compile_fn)
 
-    def release(args: Any) -> None:
-        callback_handler.remove_end_callback(release)
-        stack.close()
 
-    callback_handler.register_end_callback(release)
+def holding_settings(compile_backward: Callable[..., Any]) -> Callable[..., Any]:
+    """The backward compiler. Compiled lazily (outside ``settings()``), the backward is
+    followed by AOTAutograd writing the entry, before the compile's end callbacks run: it
+    takes the settings until then."""
+    def compile_fn(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        if not _held:
+            stack = contextlib.ExitStack()
+            stack.enter_context(settings())
+
+            def release(args: Any) -> None:
+                callback_handler.remove_end_callback(release)
+                stack.close()
+
+            callback_handler.register_end_callback(release)
+        return compile_backward(gm, example_inputs)
+
+    return compile_fn

@@ -23,7 +23,7 @@ import torch
 from torch._decomp import _core_aten_decompositions_post_autograd, get_decompositions
 from torch._dynamo import disable
 from torch._dynamo.backends.common import flatten_graph_inputs
-from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler, aot_module_simplified
+from torch._functorch.aot_autograd import aot_module_simplified
 
 from minductor.partition import partition
 
@@ -83,24 +83,25 @@ def _has_scan(gm: torch.fx.GraphModule) -> bool:
         isinstance(m, torch.fx.GraphModule) and _has_scan(m) for m in gm.children())
 
 
-def _compiler(kind: str, cached: bool = False) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
+def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
     def compile_fn(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         from minductor.graph import compile_graph
 
-        if cached and kind == "backward":
-            from minductor import aot_cache
-
-            aot_cache.hold_for_lazy_backward()
         return compile_graph(gm, example_inputs, kind)
 
     return compile_fn
 
 
-def _cached(compile_fn: Callable[..., Any]) -> Any:
-    """A compiler whose results AOTAutograd's cache may store (they are ``CompiledGraph``s)."""
-    from minductor.graph_cache import CompiledGraph
+def _compilers(cache: bool) -> tuple[Any, Any, Any]:
+    """The forward, backward and inference compilers; with ``cache``, ones whose graphs
+    AOTAutograd's cache stores (``aot_cache.py``)."""
+    from minductor import aot_cache
 
-    return SerializableAOTDispatchCompiler(CompiledGraph, compile_fn)
+    fw, bw, inference = _compiler("forward"), _compiler("backward"), _compiler("inference")
+    if not cache:
+        return fw, _not_traced(bw), inference
+    bw = _not_traced(aot_cache.holding_settings(bw))
+    return aot_cache.serializable(fw), aot_cache.serializable(bw), aot_cache.serializable(inference)
 
 
 def _rewrite_before_aot(gm: torch.fx.GraphModule) -> None:
@@ -137,9 +138,7 @@ def minductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs:
     from minductor import aot_cache, config
 
     cache = config.aot_cache and not config.debug  # a debug run dumps every stage: no cache hit
-    fw, bw, inference = _compiler("forward"), _not_traced(_compiler("backward", cache)), _compiler("inference")
-    if cache:
-        fw, bw, inference = _cached(fw), _cached(bw), _cached(inference)
+    fw, bw, inference = _compilers(cache)
     with aot_cache.settings() if cache else contextlib.nullcontext():
         compiled = aot_module_simplified(
             gm, example_inputs,

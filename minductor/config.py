@@ -36,9 +36,8 @@ debug: bool = _env_bool("MINDUCTOR_DEBUG")
 debug_dir: str = os.environ.get("MINDUCTOR_DEBUG_DIR") or "./minductor_debug"
 # Content-addressed kernel cache (``<cache_dir>/cpp/<key[:2]>/<key>/``).
 cache_dir: str = os.environ.get("MINDUCTOR_CACHE_DIR") or _default_cache_dir()
-# Also store compiled graphs in AOTAutograd's cache (torch's cache dir, TORCHINDUCTOR_CACHE_DIR),
-# keyed by Dynamo's graph: a warm start then skips AOTAutograd's tracing as well. Backward
-# graphs are then compiled with their forward, so one entry holds both.
+# Also store compiled graphs in AOTAutograd's cache (``<cache_dir>/aotautograd/``), keyed by
+# Dynamo's graph: a warm start then skips AOTAutograd's tracing as well (see aot_cache.py).
 aot_cache: bool = _env_bool("MINDUCTOR_AOT_CACHE", True)
 # C++ compiler used for CPU kernels.
 cxx: str = os.environ.get("MINDUCTOR_CXX") or "g++"

@@ -291,7 +291,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     reason = unsupported_reason(gm, example_inputs)
     if reason is not None:
         log.warning("minductor: running %s graph through aten: %s", kind, reason)
-        return graph_cache.CompiledGraph(kind, _run_aten_graph(gm), None, {}, f"runs through aten: {reason}")
+        return graph_cache.CompiledGraph.uncached(kind, _run_aten_graph(gm), f"runs through aten: {reason}")
     t0 = time.perf_counter()
     dump = debug.maybe_graph_dump(kind)
     key = graph_cache.graph_key(gm, example_inputs, kind) if dump is None else None
@@ -304,13 +304,13 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     before = graph_cache.metrics_snapshot()
     result = _compile(gm, example_inputs, kind, dump)
     if result is None:
-        return graph_cache.CompiledGraph(kind, _run_aten_graph(gm), None, {}, "runs through aten")
+        return graph_cache.CompiledGraph.uncached(kind, _run_aten_graph(gm), "runs through aten")
     call, graph, module = result
     log.info("minductor: compiled %s graph in %.3fs", kind, time.perf_counter() - t0)
     if key is None:
-        return graph_cache.CompiledGraph(kind, call, None, {}, "debug runs dump every stage")
+        return graph_cache.CompiledGraph.uncached(kind, call, "debug runs dump every stage")
     if graph.callables:
-        return graph_cache.CompiledGraph(kind, call, None, {}, "it calls Python callables (XLA computations)")
+        return graph_cache.CompiledGraph.uncached(kind, call, "it calls Python callables (XLA computations)")
     entry = graph_cache.CachedGraph(module.source, [dataclasses.asdict(k) for k in module.kernels],
                                     graph.constant_targets, graph_cache.metrics_since(before))
     graph_cache.save(key, entry)
@@ -330,8 +330,8 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
     """Lower, schedule, generate and load: (call, graph, wrapper module), or None when the
     graph holds something minductor cannot compile (it then runs through aten)."""
     from minductor.codegen.wrapper import WrapperCodegenError, generate_wrapper
-    from minductor.runtime import loader
     from minductor.ir.verify import verify_graph, verify_schedule
+    from minductor.runtime import loader
     from minductor.scheduler import Scheduler
 
     timings: dict[str, float] = {}

@@ -72,14 +72,19 @@ class CompiledGraph(OutputCode):
     """One compiled aten graph: a boxed callable (it takes the argument list and empties it).
 
     ``not_cached`` says why AOTAutograd's cache must not store the graph (it then bypasses
-    the whole compile); ``entry`` is None for graphs our own cache does not hold either. Pickled, a graph keeps its entry and constants and
-    drops the loaded module; ``post_compile`` loads it again (kernels through the kernel cache).
+    the whole compile); ``entry`` is None for graphs our own cache does not hold either.
+    Pickled, a graph keeps its entry and constants and drops the loaded module; ``post_compile``
+    loads it again (kernels through the kernel cache).
     """
     kind: str
     call: Callable[[list[Any]], Any] | None
     entry: CachedGraph | None
     constants: dict[str, Any]
     not_cached: str = ""
+
+    @classmethod
+    def uncached(cls, kind: str, call: Callable[[list[Any]], Any], reason: str) -> CompiledGraph:
+        return cls(kind, call, None, {}, reason)
 
     def __post_init__(self) -> None:
         # AOTAutograd passes the argument list itself; an instance attribute, so the wrapper
