@@ -178,3 +178,40 @@ def test_compiler_probes_are_kept_on_disk_per_binary(tmp_path: Path, fresh_cache
     assert probe(str(fake), "--version") == "version-2\n"
     assert log.read_text().count("run") == 2
     assert probe(str(tmp_path / "missing-cxx"), "--version") == ""
+
+
+def _chain50(x: torch.Tensor) -> torch.Tensor:
+    for i in range(25):
+        x = (x * 1.01 + 0.1).tanh()
+        if i % 5 == 0:
+            x = x - x.mean(-1, keepdim=True)
+    return x
+
+
+def test_a_lone_large_kernel_compiles_in_parallel_parts(fresh_cache: Path, monkeypatch) -> None:
+    """A 50-op chain fuses into one kernel of ~400 lines: with two compile threads its loop
+    functions compile as two object files at once, linked into one library. The same source
+    also compiles as one unit (as a dump's .cpp does by hand). Both match eager."""
+    runs: list[list[str]] = []
+    real = cache._run_cxx
+    monkeypatch.setattr(cache, "_run_cxx", lambda cmd, *rest: (runs.append(cmd), real(cmd, *rest))[1])
+    x = torch.randn(64, 256)
+    expected = _chain50(x)
+    cache._loaded.clear()
+    torch._dynamo.reset()
+    with config.patch(compile_threads=2):
+        torch.testing.assert_close(torch.compile(_chain50, backend="minductor")(x), expected)
+    assert metrics.generated_kernel_count == 1
+    sources = list(fresh_cache.rglob("*.cpp"))
+    assert len(sources) == 1 and cache.source_parts(sources[0].read_text()) == 2
+    assert sorted(a for cmd in runs for a in cmd if a.startswith("-DMI_PART=")) == ["-DMI_PART=0", "-DMI_PART=1"]
+    assert len(runs) == 3  # two parts, one link
+
+    runs.clear()
+    cache._loaded.clear()
+    torch._dynamo.reset()
+    monkeypatch.setattr(cache, "source_parts", lambda source: 1)
+    with config.patch(compile_threads=2, cache_dir=str(fresh_cache / "whole"), aot_cache=False):
+        torch.testing.assert_close(torch.compile(_chain50, backend="minductor")(x), expected)
+    assert len(runs) == 1 and not any(a.startswith("-DMI_PART") for a in runs[0])
+    assert "MI_IN_PART(1)" in next((fresh_cache / "whole").rglob("*.cpp")).read_text()

@@ -9,7 +9,9 @@ The kernels of one graph that miss the cache compile together: ``compile_threads
 units at most, each holding several kernels, because every g++ run has a fixed cost (~0.16 s
 of driver, front-end start-up and linking here) that would otherwise be paid per kernel. Such
 a unit is cached under the key of its concatenated source; a unit that fails to compile falls
-back to one compile per kernel, so an error still names its kernel.
+back to one compile per kernel, so an error still names its kernel. A graph with one large
+kernel splits that kernel's loop functions over parallel units instead (``MI_PART``), linked
+into one library.
 
 What the compiler says of itself (version, what ``-march=native`` resolves to, where libmvec
 is) is probed once per compiler binary and CPU and kept in ``<cache_dir>/toolchain/``.
@@ -241,7 +243,7 @@ def compile_cpp(source: str, kernel_name: str) -> Path:
     return _compile(source, kernel_name, cache_key(source))
 
 
-def _compile(source: str, kernel_name: str, key: str, kernels: int = 1) -> Path:
+def _compile(source: str, kernel_name: str, key: str, kernels: int = 1, parts: int = 1) -> Path:
     cpp = _key_dir(key) / f"{kernel_name}.cpp"
     so = cpp.with_suffix(".so")
     if so.exists():
@@ -253,28 +255,51 @@ def _compile(source: str, kernel_name: str, key: str, kernels: int = 1) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not so.exists():  # another process may have finished it while we waited
             cpp.write_text(source)
-            _run_compiler(cpp, so, kernel_name)
+            _run_compiler(cpp, so, kernel_name, parts)
     return so
 
 
-def _run_compiler(cpp: Path, so: Path, kernel_name: str) -> None:
+_PART = re.compile(r"^#if MI_IN_PART\((\d+)\)$", re.M)
+
+
+def source_parts(source: str) -> int:
+    """How many translation units the kernel's source may be split into (see MI_PART in the prelude)."""
+    return 1 + max(map(int, _PART.findall(source)), default=0)
+
+
+def _run_compiler(cpp: Path, so: Path, kernel_name: str, parts: int = 1) -> None:
+    """Compile ``cpp`` into ``so``: in one g++ run, or ``parts`` object files compiled in
+    parallel (``-DMI_PART=k``) and then linked."""
     fd, tmp = tempfile.mkstemp(dir=cpp.parent, prefix=f".{kernel_name}.", suffix=".so.tmp")
     os.close(fd)
-    cmd = [config.cxx, *compiler_flags(config.cxx), str(cpp), "-o", tmp, *link_flags()]
+    flags = compiler_flags(config.cxx)
+    objs = [f"{tmp}.{k}.o" for k in range(parts)] if parts > 1 else []
     try:
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        except OSError as e:
-            raise CppCompileError(
-                f"minductor: cannot run the C++ compiler {config.cxx!r} for kernel {kernel_name} ({cpp}): {e}; "
-                "install g++ or set MINDUCTOR_CXX to a C++17 compiler with OpenMP"
-            ) from e
-        if proc.returncode != 0:
-            raise CppCompileError(_error_message(kernel_name, cpp, cmd, proc.stderr or proc.stdout))
+        if objs:
+            with ThreadPoolExecutor(parts, thread_name_prefix="minductor-cxx") as pool:
+                for future in [pool.submit(_run_cxx, [config.cxx, *flags, f"-DMI_PART={k}", "-c", str(cpp), "-o", obj],
+                                           kernel_name, cpp) for k, obj in enumerate(objs)]:
+                    future.result()
+            _run_cxx([config.cxx, *flags, *objs, "-o", tmp, *link_flags()], kernel_name, cpp)
+        else:
+            _run_cxx([config.cxx, *flags, str(cpp), "-o", tmp, *link_flags()], kernel_name, cpp)
         os.replace(tmp, so)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for path in [tmp, *objs]:
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def _run_cxx(cmd: list[str], kernel_name: str, cpp: Path) -> None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError as e:
+        raise CppCompileError(
+            f"minductor: cannot run the C++ compiler {config.cxx!r} for kernel {kernel_name} ({cpp}): {e}; "
+            "install g++ or set MINDUCTOR_CXX to a C++17 compiler with OpenMP"
+        ) from e
+    if proc.returncode != 0:
+        raise CppCompileError(_error_message(kernel_name, cpp, cmd, proc.stderr or proc.stdout))
 
 
 def _error_message(kernel_name: str, cpp: Path, cmd: list[str], output: str) -> str:
@@ -322,10 +347,10 @@ def _batches(todo: dict[tuple[str, str], str]) -> list[list[tuple[tuple[str, str
     return [jobs[i:i + size] for i in range(0, len(jobs), size)]
 
 
-def _compile_batch(batch: list[tuple[tuple[str, str], str]]) -> None:
+def _compile_batch(batch: list[tuple[tuple[str, str], str]], parts: int = 1) -> None:
     if len(batch) == 1:
         (key, name), source = batch[0]
-        _loaded[(key, name)] = load_cpp_kernel(_compile(source, name, key), name)
+        _loaded[(key, name)] = load_cpp_kernel(_compile(source, name, key, parts=parts), name)
         return
     source = "\n".join(src for _, src in batch)
     name = f"mi_batch_{batch[0][0][1]}_{len(batch)}"
@@ -345,7 +370,9 @@ def _compile_batch(batch: list[tuple[tuple[str, str], str]]) -> None:
 def _compile_all(todo: dict[tuple[str, str], str]) -> None:
     batches = _batches(todo)
     if len(batches) == 1:
-        _compile_batch(batches[0])
+        # a lone kernel still uses the threads if its source is split into parts
+        parts = source_parts(batches[0][0][1]) if len(todo) == 1 else 1
+        _compile_batch(batches[0], parts=parts if parts <= config.compile_threads else 1)
         return
     with ThreadPoolExecutor(len(batches), thread_name_prefix="minductor-cxx") as pool:
         for future in [pool.submit(_compile_batch, b) for b in batches]:

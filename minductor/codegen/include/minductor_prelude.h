@@ -17,6 +17,17 @@ static inline int64_t mi_max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 // unconditionally (a bitwise select keeps it branch-free: a vectorized gather)
 static inline int64_t mi_masked_index(bool mask, int64_t index) { return index & -static_cast<int64_t>(mask); }
 
+// A kernel's loop functions (MI_LOOP_FN) may be split over several translation units that
+// compile in parallel and link into one library: the unit built with -DMI_PART=k holds the
+// functions of part k. Without MI_PART the file is one ordinary unit.
+#ifdef MI_PART
+#define MI_LOOP_FN __attribute__((noinline, visibility("hidden")))
+#define MI_IN_PART(k) ((k) == MI_PART)
+#else
+#define MI_LOOP_FN static __attribute__((noinline))
+#define MI_IN_PART(k) 1
+#endif
+
 // the math helpers are always inlined: a kernel of many loops can exhaust GCC's inlining
 // budget for the unit, and one call left in a loop keeps the whole loop scalar
 #define MI_MATH static inline __attribute__((always_inline))
