@@ -129,7 +129,8 @@ def main() -> None:
                   f"torch {torch.__version__}, streaming bandwidth {bandwidth:.1f} GB/s, suite `{ns.suite or 'all'}`.\n\n")
         kernels = ("\n\n## Kernels\n\nEach kernel timed alone on the workload's inputs; bytes as STREAM counts them "
                    "(each buffer read or written once). % of streaming bandwidth: over the best of the runner's STREAM "
-                   "copy/add/triad loops, compiled like the kernels, over arrays the size of a suite tensor, timed in "
+                   "copy/add/triad loops and copy/add with streaming stores (as kernels write large outputs), compiled like "
+                   "the kernels, over arrays the size of a suite tensor, timed in "
                    "rounds alternating with the kernel (the column before it; the header's figure was measured once, at "
                    "the start). Kernels that only read (reductions) can exceed 100%.\n\n")
         path.write_text(header + table(reports) + kernels + kernel_table(reports, bandwidth) + "\n")

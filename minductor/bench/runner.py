@@ -114,12 +114,13 @@ def bandwidth_probes(numel: int = 1 << 24, device: str = "cpu") -> dict[str, flo
 
 def streaming_bandwidth(probes: dict[str, float]) -> float:
     """The reference of ``% of bandwidth``: the best rate that streams into an existing buffer
-    (copy, add, triad). A kernel that only reads (a reduction) may exceed it."""
+    (copy, add, triad, and copy/add with streaming stores). A kernel that only reads (a
+    reduction) may exceed it."""
     return max(v for name, v in probes.items() if name != "read")
 
 
 def streaming_reference(numel: int = 1 << 24) -> Reference:
-    """The loops ``streaming_bandwidth`` takes the best of (copy, add, triad), for ``time_kernels``."""
+    """The loops ``streaming_bandwidth`` takes the best of (all but read), for ``time_kernels``."""
     from minductor.bench.stream import stream_loops
 
     return {name: loop for name, loop in stream_loops(numel).items() if name != "read"}

@@ -5,7 +5,11 @@ written once (a copy moves 2 streams, an add 3).
 
 A stored cache line may or may not cost a read first (write-allocate): here (an AVX-512 Xeon
 VM) a pure read of 256 MB ran at 27 GB/s while a copy moved 23 GB/s, i.e. 34 GB/s if stores
-were read first, so stores evidently skip that read and no traffic model is applied."""
+were read first, so stores evidently skip that read and no traffic model is applied.
+
+Kernels write large float32 outputs with streaming (non-temporal) stores (codegen/cpp_stream.py),
+which move more bytes per second than ordinary stores here; copy_nt and add_nt are the same
+loops with such stores, so the reference is the best a kernel could do either way."""
 from __future__ import annotations
 
 import ctypes
@@ -17,7 +21,7 @@ import torch
 from minductor.runtime.cache import compile_cpp
 
 _SOURCE = r"""
-#include <stdint.h>
+#include "minductor_prelude.h"
 extern "C" void mi_stream_read(const float* __restrict__ a, float* __restrict__ out, int64_t n) {
     float s = 0.0f;
     #pragma omp parallel for simd schedule(static) reduction(+:s)
@@ -36,9 +40,36 @@ extern "C" void mi_stream_triad(const float* __restrict__ a, const float* __rest
     #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; i++) c[i] = a[i] + 3.0f * b[i];
 }
+// streaming stores: c 64-byte aligned, n a multiple of 16
+extern "C" void mi_stream_copy_nt(const float* __restrict__ a, float* __restrict__ c, int64_t n) {
+    #pragma omp parallel
+    {
+        #pragma omp for schedule(static) nowait
+        for (int64_t i = 0; i < n; i += 16) {
+            alignas(64) float line[16];
+            #pragma omp simd
+            for (int64_t l = 0; l < 16; l++) line[l] = a[i + l];
+            mi_stream_store(c + i, line);
+        }
+        mi_stream_fence();
+    }
+}
+extern "C" void mi_stream_add_nt(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int64_t n) {
+    #pragma omp parallel
+    {
+        #pragma omp for schedule(static) nowait
+        for (int64_t i = 0; i < n; i += 16) {
+            alignas(64) float line[16];
+            #pragma omp simd
+            for (int64_t l = 0; l < 16; l++) line[l] = a[i + l] + b[i + l];
+            mi_stream_store(c + i, line);
+        }
+        mi_stream_fence();
+    }
+}
 """
 # loop -> arrays it moves
-_STREAMS = {"read": 1, "copy": 2, "add": 3, "triad": 3}
+_STREAMS = {"read": 1, "copy": 2, "add": 3, "triad": 3, "copy_nt": 2, "add_nt": 3}
 
 
 @functools.cache
@@ -60,7 +91,10 @@ def stream_loops(numel: int = 1 << 26) -> dict[str, tuple[Callable[[], None], in
         "copy": lambda: lib.mi_stream_copy(p(a), p(c), n),
         "add": lambda: lib.mi_stream_add(p(a), p(b), p(c), n),
         "triad": lambda: lib.mi_stream_triad(p(a), p(b), p(c), n),
+        "copy_nt": lambda: lib.mi_stream_copy_nt(p(a), p(c), n),
+        "add_nt": lambda: lib.mi_stream_add_nt(p(a), p(b), p(c), n),
     }
+    assert c.data_ptr() % 64 == 0 and numel % 16 == 0, "streaming stores need whole aligned lines"
     return {name: (call, _STREAMS[name] * numel * 4) for name, call in calls.items()}
 
 

@@ -26,6 +26,7 @@ from minductor.codegen.common import (
     cpp_index,
 )
 from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
+from minductor.codegen.cpp_stream import StreamStore, emit_streamed_loop, fence_parallel_region, pick_stream_store
 from minductor.codegen.cpp_rewrites import LoopShape, hoist_inner_invariants, prefetch_row_stores
 from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
 from minductor.codegen.loop_shapes import (
@@ -51,6 +52,7 @@ Expr = sympy.Expr
 
 # below this many element-iterations a kernel runs on one thread
 PARALLEL_THRESHOLD = 32768
+FLAT_CHUNK = 4096  # elements per chunk of a flat loop whose output streams
 ARGS_PLACEHOLDER = "MI_KERNEL_ARGS"
 # the threads a kernel that keeps per-thread partials runs on
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
@@ -80,6 +82,11 @@ class CppKernel:
         self.substitution: dict[sympy.Symbol, Expr] = {}
         self.range_of: dict[sympy.Symbol, Expr] = {}
         self.body_stores: list[tuple[str, Expr, torch.dtype]] = []  # (pointer, index, dtype) of the loop body's stores
+        self.body_store_names: list[str] = []  # the buffers of body_stores
+        self.may_stream = False  # loops may use streaming stores (the parallel region fences them)
+        self.streamed = False  # some loop did
+        # emit_outer's innermost loop, left to _emit_pointwise_nest: (var, lo, hi, iterations)
+        self.deferred_loop: tuple[sympy.Symbol, str, str, Expr] | None = None
         self.loop_shape: LoopShape | None = None  # of the last loop block emitted
         self.rlinear: Expr = sympy.Integer(0)
         self.accumulators: list[tuple[str, str, str, str]] = []  # name, type, init, combine
@@ -141,6 +148,7 @@ class CppKernel:
         buffer.writeline(f"{arg}[{self.index_str(index)}] = {value};")
         if buffer is self.body and mode is None:
             self.body_stores.append((arg, sympy.expand(sympy.sympify(index).xreplace(self.substitution)), dtype))
+            self.body_store_names.append(name)
         if buffer is self.body:
             # a later load through this pointer in the loop body must see the store: several
             # buffers may share it (written over in place), so loads cached before it are stale
@@ -383,13 +391,33 @@ class CppKernel:
     def emit_outer(self, code: CodeBuffer, outer: MergedDims, loops: list[Loop], parallel: bool) -> None:
         n = len(outer.variables)
         pure_pointwise = len(loops) == 1 and not loops[0].pw_inner and not loops[0].red
+        start = len(code.lines)
+        self.may_stream = self.tile_var is None and not self.scatters
         if pure_pointwise and needs_2d_tiles(self.group, outer):
             emit_tiled_2d(self, code, outer, loops[0], parallel)
+            self.may_stream = False
+            if self.streamed:
+                fence_parallel_region(code.lines, start)
             return
-        start = len(code.lines)
+        # a pure pointwise nest whose output may stream leaves its innermost loop to
+        # _emit_pointwise_nest; a flat one then loops over chunks of FLAT_CHUNK elements
+        defer = pure_pointwise and n >= 1 and self.may_stream and (n > 1 or parallel) and self._streamable_writes()
+        opened = 0
         for i, (var, size) in enumerate(zip(outer.variables, outer.sizes)):
             self.range_of[var] = size
             innermost = i == n - 1
+            if defer and innermost:
+                if n == 1:
+                    code.writeline("#pragma omp parallel for schedule(static)")
+                    code.writeline(f"for (int64_t mi_chunk = 0; mi_chunk < {cpp_index(size)}; mi_chunk += {FLAT_CHUNK})")
+                    code.writeline("{")
+                    code._indent += 1
+                    opened += 1
+                    self.deferred_loop = (var, "mi_chunk", f"mi_min_i64(mi_chunk + {FLAT_CHUNK}, {cpp_index(size)})",
+                                          sympy.Min(size, FLAT_CHUNK))
+                else:
+                    self.deferred_loop = (var, "0", cpp_index(size), size)
+                continue
             if i == 0 and parallel:
                 if pure_pointwise and n == 1:
                     code.writeline("#pragma omp parallel for simd schedule(static)")
@@ -404,10 +432,12 @@ class CppKernel:
                 code.writeline("{")
                 code._indent += 1
                 code.writeline(f"const int64_t mi_count = mi_min_i64({self.outer_lanes}, {cpp_index(size)} - mi_tile);")
+                opened += 1
                 continue
             code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
             code.writeline("{")
             code._indent += 1
+            opened += 1
         if len(loops) == 1:
             self.emit_loop(code, outer, loops[0])
             inner_size = outer.sizes[-1] if n else None
@@ -434,9 +464,12 @@ class CppKernel:
                 call_vars = ", ".join(loop_vars)
                 code.writeline(f"{fn}({ARGS_PLACEHOLDER}{', ' + call_vars if call_vars else ''});")
             prefetch_row_stores(blocks[0], shapes[0], shapes[1:], self.range_of)
-        for _ in range(n):
+        for _ in range(opened):
             code._indent -= 1
             code.writeline("}")
+        self.may_stream, self.deferred_loop = False, None
+        if self.streamed:
+            fence_parallel_region(code.lines, start)
 
     def emit_loop(self, code: CodeBuffer, outer: MergedDims, loop: Loop, thread_chunk: bool = False) -> None:
         """Emit one loop block: prefix (accumulators), inner loop nest, suffix (stores).
@@ -448,6 +481,7 @@ class CppKernel:
         """
         self.body, self.prefix, self.suffix = CodeBuffer(), CodeBuffer(), CodeBuffer()
         self.body_stores = []
+        self.body_store_names = []
         self.cse = CSE()
         self.cse.counter = self._tmp_counter()
         n_outer = len(self.group.outer)
@@ -474,9 +508,6 @@ class CppKernel:
             for node in loop.nodes:
                 node.run(make_vars("x", n_outer) + pw_vars, red_vars)
         self._tmp_counter_value = self.cse.counter
-        inner = merged_red if merged_red.variables else merged_pw
-        self.loop_shape = (LoopShape(inner.variables[0], inner.sizes[0], self.lanes if merged_red.variables else 0,
-                                     self.body_stores) if len(inner.variables) == 1 and self.tile_var is None else None)
         code.writeline("{")
         code._indent += 1
         code.splice(self.prefix)
@@ -486,6 +517,9 @@ class CppKernel:
             self._emit_lane_nest(code, merged_red, thread_chunk)
         else:
             self._emit_pointwise_nest(code, merged_pw)
+        inner = merged_red if merged_red.variables else merged_pw
+        self.loop_shape = (LoopShape(inner.variables[0], inner.sizes[0], self.lanes if merged_red.variables else 0,
+                                     self.body_stores) if len(inner.variables) == 1 and self.tile_var is None else None)
         if self.tile_var is not None:
             pass
         elif thread_chunk:
@@ -587,8 +621,51 @@ class CppKernel:
                     code.writeline("}")
         code.writeline("}")
 
+    def _streamable_writes(self) -> bool:
+        """Whether the group writes a buffer that ``pick_stream_store`` could stream."""
+        reads = set().union(*(n.read_writes.read_names() for n in self.group.nodes))
+        for node in self.group.nodes:
+            for dep in node.read_writes.writes:
+                if isinstance(dep, MemoryDep) and dep.name not in reads and V.graph.get_dtype(dep.name) == torch.float32:
+                    numel = V.graph.sizevars.hint(sympy.Mul(*V.graph.get_buffer(dep.name).get_size()))
+                    if 0 < config.stream_store_min_bytes <= numel * 4:
+                        return True
+        return False
+
+    def _stream_store(self, var: sympy.Symbol, length: Expr) -> StreamStore | None:
+        """The body store to stream along ``var``; it leaves ``body_stores`` (which
+        ``prefetch_row_stores`` would otherwise prefetch for writing)."""
+        if not self.may_stream or self.masks or self.stage is not None:
+            return None
+        reads = set().union(*(n.read_writes.read_names() for n in self.group.nodes))
+        stores = [(name, arg, index, dtype) for name, (arg, index, dtype) in zip(self.body_store_names, self.body_stores)]
+        store = pick_stream_store(stores, self.body.lines, var, length, reads)
+        if store is not None:
+            self.body_stores = [s for s in self.body_stores if s[0] != store.arg]
+        return store
+
     def _emit_pointwise_nest(self, code: CodeBuffer, dims: MergedDims) -> None:
+        if self.deferred_loop is not None and not dims.variables:
+            var, *bounds, length = self.deferred_loop
+            store = self._stream_store(var, length)
+            if store is None:
+                code.writeline("#pragma omp simd")
+                code.writeline(f"for (int64_t {var} = {bounds[0]}; {var} < {bounds[1]}; {var}++)")
+                with code.indent():
+                    code.splice(self.body)
+                return
+            emit_streamed_loop(code, var, *bounds, self.body.lines, store, self.range_of)
+            self.streamed = True
+            return
+        store = self._stream_store(dims.variables[-1], dims.sizes[-1]) if dims.variables else None
         for i, (var, size) in enumerate(zip(dims.variables, dims.sizes)):
+            if i == len(dims.variables) - 1 and store is not None:
+                emit_streamed_loop(code, var, "0", cpp_index(size), self.body.lines, store, self.range_of)
+                self.streamed = True
+                for _ in dims.variables[:-1]:
+                    code._indent -= 1
+                    code.writeline("}")
+                return
             if i == len(dims.variables) - 1:
                 code.writeline("#pragma omp simd")
             code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")

@@ -28,6 +28,31 @@ static inline int64_t mi_masked_index(bool mask, int64_t index) { return index &
 #define MI_IN_PART(k) 1
 #endif
 
+// Non-temporal stores of one 64-byte line (16 floats) at a 64-byte aligned address: the line
+// goes to memory without being read first or kept in cache. mi_stream_head(p): floats from p
+// to the next 64-byte boundary. A thread that streamed fences before its results are read.
+typedef float mi_v16sf __attribute__((vector_size(64), aligned(64)));
+typedef float mi_v8sf __attribute__((vector_size(32), aligned(32)));
+typedef float mi_v4sf __attribute__((vector_size(16), aligned(16)));
+static inline int64_t mi_stream_head(const float* p) { return static_cast<int64_t>((-reinterpret_cast<uintptr_t>(p) & 63) / 4); }
+static inline void mi_stream_store(float* p, const float* line) {
+#if defined(__AVX512F__)
+    __builtin_ia32_movntps512(p, *reinterpret_cast<const mi_v16sf*>(line));
+#elif defined(__AVX__)
+    __builtin_ia32_movntps256(p, *reinterpret_cast<const mi_v8sf*>(line));
+    __builtin_ia32_movntps256(p + 8, *reinterpret_cast<const mi_v8sf*>(line + 8));
+#elif defined(__SSE__)
+    for (int i = 0; i < 16; i += 4) __builtin_ia32_movntps(p + i, *reinterpret_cast<const mi_v4sf*>(line + i));
+#else
+    for (int i = 0; i < 16; i++) p[i] = line[i];
+#endif
+}
+static inline void mi_stream_fence() {
+#if defined(__SSE__)
+    __builtin_ia32_sfence();
+#endif
+}
+
 // the math helpers are always inlined: a kernel of many loops can exhaust GCC's inlining
 // budget for the unit, and one call left in a loop keeps the whole loop scalar
 #define MI_MATH static inline __attribute__((always_inline))

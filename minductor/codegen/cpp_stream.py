@@ -1,0 +1,117 @@
+"""Streaming (non-temporal) stores of a large output in a C++ pointwise loop.
+
+An ordinary store first reads the line it writes (read-for-ownership) and leaves it in cache,
+where it displaces the inputs. For an output of tens of MB neither helps: on a Xeon VM
+``x + y`` over 4096^2 floats ran 7.0 ms with ordinary stores and 3.8 ms with streaming ones,
+and a row sum reading the result right after still came out ahead (9.6 -> 7.5 ms). At 4 MB and
+below the consumer then misses the cache the ordinary store would have hit, so only outputs of
+``config.stream_store_min_bytes`` or more stream.
+
+The innermost loop over ``var`` in ``[lo, hi)`` becomes three: a head up to the first 64-byte
+boundary of the output, whole lines of 16 floats (the body computes a line into a local array,
+``mi_stream_store`` writes it), and a tail; head and tail store as before. Non-temporal stores
+are weakly ordered, so every thread that ran such a loop issues ``mi_stream_fence`` before its
+parallel region ends (``fence_parallel_region``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import sympy
+import torch
+
+from minductor import config
+from minductor.codegen.common import CodeBuffer, cpp_index
+from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
+from minductor.virtualized import V
+
+Expr = sympy.Expr
+
+LINE = 16  # floats per 64-byte line
+
+
+@dataclasses.dataclass
+class StreamStore:
+    arg: str  # the output pointer
+    index: Expr  # in the loop variables, unit stride along the streamed one
+    line: str  # the body's store statement
+
+
+def pick_stream_store(stores: list[tuple[str, str, Expr, torch.dtype]], body: list[str], var: sympy.Symbol,
+                      length: Expr, read_names: set[str]) -> StreamStore | None:
+    """The store of ``body`` (buffer, pointer, index, dtype) to stream along ``var``, if any: a
+    float32 buffer of at least ``config.stream_store_min_bytes`` that the kernel does not read,
+    through a pointer it does not read either (``out_ptr``: not a buffer written over another,
+    like softmax's result over its exps, whose lines are in cache already), stored once per
+    iteration, contiguously along ``var``, in a loop of ``length`` >= 16 iterations (a line)."""
+    if config.stream_store_min_bytes <= 0 or (sympy.sympify(length).is_number and length < LINE):
+        return None
+    for name, arg, index, dtype in stores:
+        if dtype != torch.float32 or name in read_names or not arg.startswith("out_ptr"):
+            continue
+        coeffs = affine_coeffs(index, [var])
+        if coeffs is None or coeffs[var] != 1:
+            continue
+        numel = V.graph.sizevars.hint(sympy.Mul(*V.graph.get_buffer(name).get_size()))
+        if numel * dtype.itemsize < config.stream_store_min_bytes:
+            continue
+        lines = [line for line in body if line.lstrip().startswith(f"{arg}[")]
+        if len(lines) == 1 and lines[0].rstrip().endswith(";"):
+            return StreamStore(arg, index, lines[0])
+    return None
+
+
+def emit_streamed_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, body: list[str],
+                       store: StreamStore, range_of: dict[sympy.Symbol, Expr]) -> None:
+    """``for var in [lo, hi): body`` with ``store`` written a line at a time by streaming stores."""
+    def at(value: str) -> str:
+        expr = sympy.expand(store.index.xreplace({var: index_symbol(value)}))
+        return cpp_index(simplify_index(expr, range_of))
+
+    value = re.match(r"\s*\S+\[.*\] = (.*);\s*$", store.line).group(1)
+    indent = store.line[: len(store.line) - len(store.line.lstrip())]
+    line_body = [indent + f"mi_line[mi_lane] = {value};" if line is store.line else line for line in body]
+    code.writeline("{")
+    with code.indent(open_brace=False):
+        code.writeline(f"const int64_t mi_lo = {lo};")
+        code.writeline(f"const int64_t mi_hi = {hi};")
+        code.writeline(f"const int64_t mi_head = mi_min_i64(mi_hi, mi_lo + mi_stream_head(&{store.arg}[{at('mi_lo')}]));")
+        code.writeline(f"const int64_t mi_lines_end = mi_head + (mi_hi - mi_head) / {LINE} * {LINE};")
+        _simd_loop(code, var, "mi_lo", "mi_head", body)
+        code.writeline(f"for (int64_t mi_line_at = mi_head; mi_line_at < mi_lines_end; mi_line_at += {LINE})")
+        with code.indent():
+            code.writeline(f"alignas(64) float mi_line[{LINE}];")
+            code.writeline("#pragma omp simd")
+            code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {LINE}; mi_lane++)")
+            with code.indent():
+                code.writeline(f"const int64_t {var} = mi_line_at + mi_lane;")
+                code.lines.extend("    " * code._indent + line if line else line for line in _dedent(line_body))
+            code.writeline(f"mi_stream_store(&{store.arg}[{at('mi_line_at')}], mi_line);")
+        _simd_loop(code, var, "mi_lines_end", "mi_hi", body)
+    code.writeline("}")
+
+
+def _simd_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, body: list[str]) -> None:
+    code.writeline("#pragma omp simd")
+    code.writeline(f"for (int64_t {var} = {lo}; {var} < {hi}; {var}++)")
+    with code.indent():
+        code.lines.extend("    " * code._indent + line if line else line for line in _dedent(body))
+
+
+def _dedent(lines: list[str]) -> list[str]:
+    pad = min((len(line) - len(line.lstrip()) for line in lines if line.strip()), default=0)
+    return [line[pad:] for line in lines]
+
+
+def fence_parallel_region(lines: list[str], start: int) -> None:
+    """Make the first ``omp parallel for`` at or after ``start`` a parallel region whose threads
+    fence their streaming stores after the (then ``nowait``) loop; without one, fence at the end."""
+    at = next((i for i in range(start, len(lines)) if lines[i].lstrip().startswith("#pragma omp parallel for")), None)
+    if at is None:
+        lines.append("mi_stream_fence();")
+        return
+    pad = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
+    clauses = lines[at].strip()[len("#pragma omp parallel for"):]
+    lines[at:at + 1] = [pad + "#pragma omp parallel", pad + "{", pad + "#pragma omp for" + clauses + " nowait"]
+    lines.extend([pad + "mi_stream_fence();", pad + "}"])
