@@ -11,7 +11,6 @@ import torch
 from minductor import config
 from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index
 from minductor.codegen.cpp_ops import CppOps
-from minductor.codegen.cpp_stream import emit_streamed_loop
 from minductor.codegen.loop_shapes import STAGED_TILE_COLS, TILE, Loop, MergedDims
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.runtime.cache import gathers_enabled
@@ -73,7 +72,6 @@ def emit_tiled_2d(kernel: CppKernel, code: CodeBuffer, outer: MergedDims, loop: 
     if _store_contiguous_along(outer, v2, loop):
         (v2, s2), (v1, s1) = (v1, s1), (v2, s2)  # vectorize along the stores, gather the loads
     kernel.body, kernel.prefix, kernel.suffix = CodeBuffer(), CodeBuffer(), CodeBuffer()
-    kernel.body_stores, kernel.body_store_names = [], []
     kernel.substitution = dict(outer.substitution)
     kernel.stage = StagedTile(v1, s1, v2, s2, gathers=gathers_enabled(config.cxx))
     kernel.innermost = str(v1)
@@ -101,16 +99,10 @@ def emit_tiled_2d(kernel: CppKernel, code: CodeBuffer, outer: MergedDims, loop: 
         code.writeline(f"for (int64_t {v2} = {lo0}; {v2} < mi_min_i64({lo0} + {step}, {cpp_index(s2)}); {v2}++)")
         code.writeline("{")
         with code.indent(open_brace=False):
-            hi1 = f"mi_min_i64({lo1} + {step}, {cpp_index(s1)})"
-            store = kernel._stream_store(v1, sympy.Min(step, s1))
-            if store is not None:  # the output's rows: whole lines when aligned (x.t() + y)
-                emit_streamed_loop(code, v1, lo1, hi1, kernel.body.lines, store, kernel.range_of)
-                kernel.streamed = True
-            else:
-                code.writeline("#pragma omp simd")
-                code.writeline(f"for (int64_t {v1} = {lo1}; {v1} < {hi1}; {v1}++)")
-                with code.indent():
-                    code.splice(kernel.body)
+            code.writeline("#pragma omp simd")
+            code.writeline(f"for (int64_t {v1} = {lo1}; {v1} < mi_min_i64({lo1} + {step}, {cpp_index(s1)}); {v1}++)")
+            with code.indent():
+                code.splice(kernel.body)
         code.writeline("}")
         if stage.fills:
             code._indent -= 1
