@@ -44,6 +44,17 @@ def test_two_outputs_one_streams(tmp_path) -> None:
     assert code.count("mi_stream_store(") == 1
 
 
+def test_checked_gather_streams_and_still_raises(tmp_path) -> None:
+    """A bounds-checked gather reduces its error flag over the parallel region (the streaming
+    loop is a work-sharing ``omp for`` inside it); a bad index still raises."""
+    x, index = torch.randn(300, 200), torch.randint(0, 200, (300, 150))
+    code = compiled_code(lambda x, i: torch.gather(x, 1, i) * 2, x, index, tmp_path=tmp_path)
+    assert "mi_stream_store(" in code and "mi_bad" in code
+    torch._dynamo.reset()
+    with config.patch(stream_store_min_bytes=1), pytest.raises(IndexError):
+        torch.compile(lambda x, i: torch.gather(x, 1, i) * 2, backend="minductor")(x, index + 200)
+
+
 def test_what_does_not_stream(tmp_path) -> None:
     x = torch.randn(64, 200)
     # below the threshold (the default is 16 MB)

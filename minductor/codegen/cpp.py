@@ -882,9 +882,11 @@ def _buffer(lines: list[str]) -> CodeBuffer:
 
 def _with_error_flag(lines: list[str], indent: int) -> list[str]:
     """A function body whose checks OR failures into ``mi_bad``: declare it, make it a
-    reduction variable of every OpenMP loop (parallel and simd), and publish it at the end."""
+    reduction variable of every OpenMP loop (parallel and simd; a work-sharing ``omp for``
+    inside a parallel region already reduces it there), and publish it at the end."""
     pad = "    " * indent
-    body = [line + " reduction(|:mi_bad)" if line.lstrip().startswith("#pragma omp") else line for line in lines]
+    body = [line + " reduction(|:mi_bad)" if line.lstrip().startswith("#pragma omp") and not line.lstrip().startswith("#pragma omp for")
+            else line for line in lines]
     return [f"{pad}int64_t mi_bad = 0;", *body,
             f"{pad}if (mi_bad) __atomic_fetch_or(mi_err, mi_bad, __ATOMIC_RELAXED);"]
 
