@@ -44,9 +44,22 @@ def test_two_outputs_one_streams(tmp_path) -> None:
     assert code.count("mi_stream_store(") == 1
 
 
-def test_checked_gather_streams_and_still_raises(tmp_path) -> None:
-    """A bounds-checked gather reduces its error flag over the parallel region (the streaming
-    loop is a work-sharing ``omp for`` inside it); a bad index still raises."""
+def test_checked_kernels_that_stream_reduce_their_error_flag(tmp_path, monkeypatch) -> None:
+    """A bounds-checked kernel reduces its error flag over the parallel region (the streaming
+    loop is a work-sharing ``omp for`` inside it); a bad index still raises. (Kernels that
+    load through computed indices do not stream by default: the test lifts that rule.)"""
+    from minductor.codegen.cpp import CppKernel
+
+    original = CppKernel._stream_store
+
+    def ignoring_indirect(self, var, length):
+        indirect, self.indirect = self.indirect, False
+        try:
+            return original(self, var, length)
+        finally:
+            self.indirect = indirect
+
+    monkeypatch.setattr(CppKernel, "_stream_store", ignoring_indirect)
     x, index = torch.randn(300, 200), torch.randint(0, 200, (300, 150))
     code = compiled_code(lambda x, i: torch.gather(x, 1, i) * 2, x, index, tmp_path=tmp_path)
     assert "mi_stream_store(" in code and "mi_bad" in code
@@ -61,9 +74,13 @@ def test_what_does_not_stream(tmp_path) -> None:
     assert "mi_stream" not in compiled_code(lambda x: x * 2, x, tmp_path=tmp_path / "small", min_bytes=1 << 24)
     # a buffer the kernel reads back (softmax stores its exps, then scales them in place)
     assert "mi_stream" not in compiled_code(lambda x: x.softmax(-1), x, tmp_path=tmp_path / "softmax")
-    # a transpose's 2-D tiles (measured slower), other dtypes, rows shorter than a line
+    # loads through computed indices, a transpose's 2-D tiles (both measured slower)
+    emb = torch.randn(1000, 64)
+    assert "mi_stream" not in compiled_code(lambda i: F.embedding(i, emb), torch.randint(0, 1000, (700,)),
+                                            tmp_path=tmp_path / "emb")
     code = compiled_code(lambda x, y: x.t() + y, torch.randn(200, 300), torch.randn(300, 200), tmp_path=tmp_path / "t")
     assert "mi_transpose16(" in code and "mi_stream" not in code
+    # other dtypes, rows shorter than a line
     assert "mi_stream" not in compiled_code(lambda x: x.double() * 2, x, tmp_path=tmp_path / "f64")
     assert "mi_stream" not in compiled_code(lambda x, b: x * b, torch.randn(20000, 3), torch.randn(3), tmp_path=tmp_path / "short")
     # turned off

@@ -100,6 +100,7 @@ class CppKernel:
         self.innermost: str | None = None  # the innermost loop variable of the body being generated
         self.scatters = False  # stores through indirect indices or combining stores: a serial loop
         self.gathers = False  # loads through an index that changes along the innermost loop
+        self.indirect = False  # loads or stores through any computed index
         self.internal: frozenset[str] = frozenset()  # written here, read nowhere else (wrapper)
         self.written_over: dict[str, str] = {}  # output -> dying input whose storage it takes (wrapper)
         self.local: dict[str, str] = {}  # of those, kept in a per-iteration local: name -> C++ name
@@ -634,7 +635,7 @@ class CppKernel:
     def _stream_store(self, var: sympy.Symbol, length: Expr) -> StreamStore | None:
         """The body store to stream along ``var``; it leaves ``body_stores`` (which
         ``prefetch_row_stores`` would otherwise prefetch for writing)."""
-        if not self.may_stream or self.masks or self.stage is not None:
+        if not self.may_stream or self.masks or self.stage is not None or self.indirect:
             return None
         reads = set().union(*(n.read_writes.read_names() for n in self.group.nodes))
         stores = [(name, arg, index, dtype) for name, (arg, index, dtype) in zip(self.body_store_names, self.body_stores)]

@@ -310,6 +310,7 @@ class CppOps:
         var = self._cse(f"static_cast<int64_t>({x} < 0 ? {x} + {size_str} : {x})" if wrap else f"static_cast<int64_t>({x})")
         gather = self.kernel.varies_in_innermost_loop(var) and not self.kernel.scatters
         self.kernel.gathers |= gather
+        self.kernel.indirect = True
         if check and config.bounds_check:
             # out of range: flag it for the wrapper to raise, and read a safe element instead
             self.kernel.uses_error_flag = True
