@@ -148,10 +148,44 @@ def bench_training(with_inductor: bool) -> None:
         print(f"{name}: " + " | ".join(row) + " (" + ", ".join(ratios) + ")", flush=True)
 
 
+def bench_overhead(with_inductor: bool) -> None:
+    """What a compiled call costs beyond its kernel: ``x.sum(1)`` on a tiny and on a large input,
+    for eager, Dynamo alone (backend "eager"), minductor, minductor's wrapper called directly
+    (no Dynamo guards or AOTAutograd wrappers) and TorchInductor. On the large input the
+    difference to eager is what a row sum at eager's speed loses to the per-call path."""
+    from minductor.bench.runner import interleaved_medians
+    from minductor.runtime import loader
+
+    print("== per-call overhead of x.sum(1) (interleaved rounds, medians)")
+    for n in (8, 4096):
+        x = torch.randn(n, n)
+        wrappers: list = []
+        original = loader.load_wrapper
+        loader.load_wrapper = lambda module, dump: wrappers.append(original(module, dump)) or wrappers[-1]
+        torch._dynamo.reset()
+        try:
+            calls = {"eager": lambda: x.sum(1), "dynamo": torch.compile(lambda x: x.sum(1), backend="eager"),
+                     "minductor": torch.compile(lambda x: x.sum(1), backend="minductor")}
+            with torch.no_grad():
+                calls["dynamo"](x), calls["minductor"](x)
+        finally:
+            loader.load_wrapper = original
+        dynamo, compiled, (wrapper,) = calls["dynamo"], calls["minductor"], wrappers
+        calls.update(dynamo=lambda: dynamo(x), minductor=lambda: compiled(x), wrapper=lambda: wrapper([x]))
+        if with_inductor:
+            inductor = torch.compile(lambda x: x.sum(1))
+            with torch.no_grad():
+                inductor(x)
+            calls["inductor"] = lambda: inductor(x)
+        with torch.no_grad():
+            times = interleaved_medians(calls, 2.0, rounds=7)
+        print(f"{n}x{n}: " + " | ".join(f"{name} {t.median * 1e6:.1f} us" for name, t in times.items()), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--no-inductor", action="store_true")
-    parser.add_argument("--only", choices=["speed", "training", "compile", "memory"])
+    parser.add_argument("--only", choices=["speed", "training", "compile", "memory", "overhead"])
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
     ns = parser.parse_args()
     if ns.only in (None, "speed"):
@@ -162,6 +196,8 @@ def main() -> None:
         bench_compile(not ns.no_inductor)
     if ns.only in (None, "memory"):
         bench_memory()
+    if ns.only in (None, "overhead"):
+        bench_overhead(not ns.no_inductor)
 
 
 if __name__ == "__main__":
