@@ -60,7 +60,9 @@ def pick_stream_store(stores: list[tuple[str, str, Expr, torch.dtype]], body: li
         if numel * dtype.itemsize < config.stream_store_min_bytes:
             continue
         lines = [line for line in body if line.lstrip().startswith(f"{arg}[")]
-        if len(lines) == 1 and lines[0].rstrip().endswith(";"):
+        # one unconditional statement: at the body's own level, not inside a block
+        top = min(len(line) - len(line.lstrip()) for line in body if line.strip())
+        if len(lines) == 1 and lines[0].rstrip().endswith(";") and len(lines[0]) - len(lines[0].lstrip()) == top:
             return StreamStore(arg, index, lines[0])
     return None
 
