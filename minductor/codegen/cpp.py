@@ -16,7 +16,6 @@ from typing import Any
 import sympy
 import torch
 
-from minductor import config
 from minductor.codegen.common import (
     CPP_COMPUTE_TYPES,
     CPP_STORAGE_TYPES,
@@ -26,9 +25,17 @@ from minductor.codegen.common import (
     cpp_index,
 )
 from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
-from minductor.codegen.cpp_stream import StreamStore, emit_streamed_loop, fence_parallel_region, pick_stream_store
+from minductor.codegen.cpp_stream import (
+    StreamStore,
+    emit_streamed_loop,
+    fence_parallel_region,
+    pick_stream_store,
+    simd_loop,
+    streamable_buffer,
+)
 from minductor.codegen.cpp_rewrites import LoopShape, hoist_inner_invariants, prefetch_row_stores
 from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
+from minductor.codegen.cpp_unit import ARGS_PLACEHOLDER, render_unit
 from minductor.codegen.loop_shapes import (
     ROW_GROUP,
     SPLIT_ROWS_MIN,
@@ -43,7 +50,6 @@ from minductor.codegen.loop_shapes import (
     outer_lane_width,
 )
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
-from minductor.runtime.cache import vector_gathers_pay_off
 from minductor.scheduler.deps import MemoryDep, StarDep
 from minductor.scheduler.nodes import FusedGroup
 from minductor.virtualized import V
@@ -53,7 +59,6 @@ Expr = sympy.Expr
 # below this many element-iterations a kernel runs on one thread
 PARALLEL_THRESHOLD = 32768
 FLAT_CHUNK = 4096  # elements per chunk of a flat loop whose output streams
-ARGS_PLACEHOLDER = "MI_KERNEL_ARGS"
 # the threads a kernel that keeps per-thread partials runs on
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
 THREADS_LINE = "const int mi_nt = omp_get_max_threads() < MI_MAX_THREADS ? omp_get_max_threads() : MI_MAX_THREADS;"
@@ -270,7 +275,7 @@ class CppKernel:
 
     def generate(self) -> str:
         # a buffer both read and written here (mutation targets) gets one in_out pointer
-        reads = set().union(*(n.read_writes.read_names() for n in self.group.nodes))
+        reads = self._read_names()
         self.args.declare_inplace({n.node.mutates for n in self.group.nodes if n.node.mutates} & reads)
         self.args.declare_written_over(self.written_over)
         outer = list(self.group.outer)
@@ -621,58 +626,47 @@ class CppKernel:
                     code.writeline("}")
         code.writeline("}")
 
+    def _read_names(self) -> set[str]:
+        return set().union(*(n.read_writes.read_names() for n in self.group.nodes))
+
     def _streamable_writes(self) -> bool:
         """Whether the group writes a buffer that ``pick_stream_store`` could stream."""
-        reads = set().union(*(n.read_writes.read_names() for n in self.group.nodes))
-        for node in self.group.nodes:
-            for dep in node.read_writes.writes:
-                if isinstance(dep, MemoryDep) and dep.name not in reads and V.graph.get_dtype(dep.name) == torch.float32:
-                    numel = V.graph.sizevars.hint(sympy.Mul(*V.graph.get_buffer(dep.name).get_size()))
-                    if 0 < config.stream_store_min_bytes <= numel * 4:
-                        return True
-        return False
+        reads = self._read_names()
+        return any(isinstance(dep, MemoryDep) and streamable_buffer(dep.name, reads)
+                   for node in self.group.nodes for dep in node.read_writes.writes)
 
     def _stream_store(self, var: sympy.Symbol, length: Expr) -> StreamStore | None:
         """The body store to stream along ``var``; it leaves ``body_stores`` (which
         ``prefetch_row_stores`` would otherwise prefetch for writing)."""
         if not self.may_stream or self.masks or self.stage is not None or self.indirect:
             return None
-        reads = set().union(*(n.read_writes.read_names() for n in self.group.nodes))
-        stores = [(name, arg, index, dtype) for name, (arg, index, dtype) in zip(self.body_store_names, self.body_stores)]
-        store = pick_stream_store(stores, self.body.lines, var, length, reads)
+        stores = [(name, arg, index) for name, (arg, index, _) in zip(self.body_store_names, self.body_stores)]
+        store = pick_stream_store(stores, self.body.lines, var, length, self._read_names())
         if store is not None:
             self.body_stores = [s for s in self.body_stores if s[0] != store.arg]
         return store
 
     def _emit_pointwise_nest(self, code: CodeBuffer, dims: MergedDims) -> None:
-        if self.deferred_loop is not None and not dims.variables:
-            var, *bounds, length = self.deferred_loop
-            store = self._stream_store(var, length)
-            if store is None:
-                code.writeline("#pragma omp simd")
-                code.writeline(f"for (int64_t {var} = {bounds[0]}; {var} < {bounds[1]}; {var}++)")
-                with code.indent():
-                    code.splice(self.body)
-                return
-            emit_streamed_loop(code, var, *bounds, self.body.lines, store, self.range_of)
-            self.streamed = True
+        """The pointwise loops of ``dims`` around the body, the innermost one ``omp simd`` (or
+        streamed); with no dims, the body itself, or emit_outer's deferred innermost loop."""
+        if dims.variables:
+            var, lo, hi, length = dims.variables[-1], "0", cpp_index(dims.sizes[-1]), dims.sizes[-1]
+        elif self.deferred_loop is not None:
+            var, lo, hi, length = self.deferred_loop
+        else:
+            code.splice(self.body)
             return
-        store = self._stream_store(dims.variables[-1], dims.sizes[-1]) if dims.variables else None
-        for i, (var, size) in enumerate(zip(dims.variables, dims.sizes)):
-            if i == len(dims.variables) - 1 and store is not None:
-                emit_streamed_loop(code, var, "0", cpp_index(size), self.body.lines, store, self.range_of)
-                self.streamed = True
-                for _ in dims.variables[:-1]:
-                    code._indent -= 1
-                    code.writeline("}")
-                return
-            if i == len(dims.variables) - 1:
-                code.writeline("#pragma omp simd")
-            code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
+        for outer_var, size in zip(dims.variables[:-1], dims.sizes[:-1]):
+            code.writeline(f"for (int64_t {outer_var} = 0; {outer_var} < {cpp_index(size)}; {outer_var}++)")
             code.writeline("{")
             code._indent += 1
-        code.splice(self.body)
-        for _ in dims.variables:
+        store = self._stream_store(var, length)
+        if store is None:
+            simd_loop(code, var, lo, hi, self.body.lines)
+        else:
+            emit_streamed_loop(code, var, lo, hi, self.body.lines, store, self.range_of)
+            self.streamed = True
+        for _ in dims.variables[:-1]:
             code._indent -= 1
             code.writeline("}")
 
@@ -799,97 +793,7 @@ class CppKernel:
             code.writeline(f"for (int mi_t = 1; mi_t < mi_nt; mi_t++) {acc} = {combine.format(a=acc, b=partial(acc, 'mi_t'))};")
 
     def render(self, code: CodeBuffer) -> str:
-        params, names = [], []
-        for buf, arg, is_out in self.args.call_order():
-            ctype = CPP_STORAGE_TYPES[V.graph.get_dtype(buf)]
-            params.append(f"{ctype}* __restrict__ {arg}" if is_out else f"const {ctype}* __restrict__ {arg}")
-            names.append(arg)
-        # symbolic sizes (Dynamo's s0, s1...) are passed as int64_t arguments
-        text = "\n".join(code.lines + [ln for _, _, block in self.helpers for ln in block.lines])
-        self.size_args = sorted(set(re.findall(r"\b[su]\d+\b", text)), key=lambda s: (s[0], int(s[1:])))
-        params += [f"const int64_t {s}" for s in self.size_args]
-        names += self.size_args
-        if self.uses_error_flag:
-            params.append("int64_t* mi_err")
-            names.append("mi_err")
-        flag = self.uses_error_flag
-        if self.scatters or (self.gathers and not vector_gathers_pay_off()):
-            code.lines = _without_simd(code.lines)
-            self.helpers = [(fn, extra, _buffer(_without_simd(block.lines))) for fn, extra, block in self.helpers]
-        out = CodeBuffer()
-        out.writeline('#include "minductor_prelude.h"')
-        out.writeline("")
-        sigs = [", ".join(params + ([extra] if extra else [])) for _, extra, _ in self.helpers]
-        parts = split_parts([len(block.lines) for _, _, block in self.helpers], len(code.lines))
-        if parts:
-            for (fn, _, _), sig in zip(self.helpers, sigs):
-                out.writeline(f"MI_LOOP_FN void {fn}({sig});")
-            out.writeline("")
-        for (fn, _, block), sig, part in zip(self.helpers, sigs, parts or [None] * len(sigs)):
-            if part is not None:
-                out.writeline(f"#if MI_IN_PART({part})")
-            out.writeline(f"MI_LOOP_FN void {fn}({sig})")
-            out.writeline("{")
-            with out.indent(open_brace=False):
-                out.lines.extend(_with_error_flag(block.lines, out._indent) if flag else block.lines)
-            out.writeline("}")
-            if part is not None:
-                out.writeline("#endif")
-            out.writeline("")
-        if parts:
-            out.writeline("#if MI_IN_PART(0)")
-        out.writeline(f'extern "C" void {self.name}({", ".join(params)})')
-        out.writeline("{")
-        with out.indent(open_brace=False):
-            lines = [line.replace(ARGS_PLACEHOLDER, ", ".join(names)) for line in code.lines]
-            for line in _with_error_flag(lines, 0) if flag else lines:
-                out.writeline(line)
-        out.writeline("}")
-        if parts:
-            out.writeline("#endif")
-        return out.getvalue()
-
-
-# A kernel whose loop functions come to this many lines is split over parallel translation
-# units (when it is the only one a graph compiles): g++ spends ~0.3 s on a 400-line kernel
-# (ten loops of a 50-op chain), and the extra unit and link step cost ~0.05 s.
-SPLIT_MIN_LINES = 200
-
-
-def split_parts(helper_lines: list[int], main_lines: int) -> list[int] | None:
-    """The part of each loop function (longest first onto the lightest part; part 0 also
-    holds the kernel's entry function), or None to keep the kernel one unit."""
-    count = min(config.compile_threads, len(helper_lines))
-    if count < 2 or sum(helper_lines) < SPLIT_MIN_LINES:
-        return None
-    load = [main_lines] + [0] * (count - 1)
-    parts = [0] * len(helper_lines)
-    for i in sorted(range(len(helper_lines)), key=lambda i: -helper_lines[i]):
-        parts[i] = min(range(count), key=load.__getitem__)
-        load[parts[i]] += helper_lines[i]
-    return parts
-
-
-def _without_simd(lines: list[str]) -> list[str]:
-    lines = [line.replace("#pragma omp parallel for simd", "#pragma omp parallel for") for line in lines]
-    return [line for line in lines if line.strip() != "#pragma omp simd"]
-
-
-def _buffer(lines: list[str]) -> CodeBuffer:
-    buf = CodeBuffer()
-    buf.lines = lines
-    return buf
-
-
-def _with_error_flag(lines: list[str], indent: int) -> list[str]:
-    """A function body whose checks OR failures into ``mi_bad``: declare it, make it a
-    reduction variable of every OpenMP loop (parallel and simd; a work-sharing ``omp for``
-    inside a parallel region already reduces it there), and publish it at the end."""
-    pad = "    " * indent
-    body = [line + " reduction(|:mi_bad)" if line.lstrip().startswith("#pragma omp") and not line.lstrip().startswith("#pragma omp for")
-            else line for line in lines]
-    return [f"{pad}int64_t mi_bad = 0;", *body,
-            f"{pad}if (mi_bad) __atomic_fetch_or(mi_err, mi_bad, __ATOMIC_RELAXED);"]
+        return render_unit(self, code)
 
 
 def _masked_index(mask: str, index_str: str, index: Expr) -> str:

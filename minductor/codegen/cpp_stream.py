@@ -41,28 +41,31 @@ class StreamStore:
     line: str  # the body's store statement
 
 
-def pick_stream_store(stores: list[tuple[str, str, Expr, torch.dtype]], body: list[str], var: sympy.Symbol,
+def streamable_buffer(name: str, read_names: set[str]) -> bool:
+    """A float32 buffer of at least ``config.stream_store_min_bytes`` the kernel does not read."""
+    if config.stream_store_min_bytes <= 0 or name in read_names or V.graph.get_dtype(name) != torch.float32:
+        return False
+    numel = V.graph.sizevars.hint(sympy.Mul(*V.graph.get_buffer(name).get_size()))
+    return numel * 4 >= config.stream_store_min_bytes
+
+
+def pick_stream_store(stores: list[tuple[str, str, Expr]], body: list[str], var: sympy.Symbol,
                       length: Expr, read_names: set[str]) -> StreamStore | None:
-    """The store of ``body`` (buffer, pointer, index, dtype) to stream along ``var``, if any: a
-    float32 buffer of at least ``config.stream_store_min_bytes`` that the kernel does not read,
-    through a pointer it does not read either (``out_ptr``: not a buffer written over another,
-    like softmax's result over its exps, whose lines are in cache already), stored once per
-    iteration, contiguously along ``var``, in a loop of ``length`` >= 16 iterations (a line)."""
-    if config.stream_store_min_bytes <= 0 or (sympy.sympify(length).is_number and length < LINE):
+    """The store of ``body`` (buffer, pointer, index) to stream along ``var``, if any: a
+    ``streamable_buffer`` stored through a pointer the kernel does not read either (``out_ptr``:
+    not a buffer written over another, like softmax's result over its exps, whose lines are in
+    cache already), by one unconditional statement of the body (not inside a block),
+    contiguously along ``var``, in a loop of ``length`` >= 16 iterations (a line)."""
+    if sympy.sympify(length).is_number and length < LINE:
         return None
-    for name, arg, index, dtype in stores:
-        if dtype != torch.float32 or name in read_names or not arg.startswith("out_ptr"):
+    for name, arg, index in stores:
+        if not arg.startswith("out_ptr") or not streamable_buffer(name, read_names):
             continue
         coeffs = affine_coeffs(index, [var])
         if coeffs is None or coeffs[var] != 1:
             continue
-        numel = V.graph.sizevars.hint(sympy.Mul(*V.graph.get_buffer(name).get_size()))
-        if numel * dtype.itemsize < config.stream_store_min_bytes:
-            continue
         lines = [line for line in body if line.lstrip().startswith(f"{arg}[")]
-        # one unconditional statement: at the body's own level, not inside a block
-        top = min(len(line) - len(line.lstrip()) for line in body if line.strip())
-        if len(lines) == 1 and lines[0].rstrip().endswith(";") and len(lines[0]) - len(lines[0].lstrip()) == top:
+        if len(lines) == 1 and lines[0].startswith(f"{arg}[") and lines[0].rstrip().endswith(";"):
             return StreamStore(arg, index, lines[0])
     return None
 
@@ -74,16 +77,15 @@ def emit_streamed_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, bo
         expr = sympy.expand(store.index.xreplace({var: index_symbol(value)}))
         return cpp_index(simplify_index(expr, range_of))
 
-    value = re.match(r"\s*\S+\[.*\] = (.*);\s*$", store.line).group(1)
-    indent = store.line[: len(store.line) - len(store.line.lstrip())]
-    line_body = [indent + f"mi_line[mi_lane] = {value};" if line is store.line else line for line in body]
+    value = re.match(r"\S+\[.*\] = (.*);\s*$", store.line).group(1)
+    line_body = [f"mi_line[mi_lane] = {value};" if line is store.line else line for line in body]
     code.writeline("{")
     with code.indent(open_brace=False):
         code.writeline(f"const int64_t mi_lo = {lo};")
         code.writeline(f"const int64_t mi_hi = {hi};")
         code.writeline(f"const int64_t mi_head = mi_min_i64(mi_hi, mi_lo + mi_stream_head(&{store.arg}[{at('mi_lo')}]));")
         code.writeline(f"const int64_t mi_lines_end = mi_head + (mi_hi - mi_head) / {LINE} * {LINE};")
-        _simd_loop(code, var, "mi_lo", "mi_head", body)
+        simd_loop(code, var, "mi_lo", "mi_head", body)
         code.writeline(f"for (int64_t mi_line_at = mi_head; mi_line_at < mi_lines_end; mi_line_at += {LINE})")
         with code.indent():
             code.writeline(f"alignas(64) float mi_line[{LINE}];")
@@ -91,22 +93,20 @@ def emit_streamed_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, bo
             code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {LINE}; mi_lane++)")
             with code.indent():
                 code.writeline(f"const int64_t {var} = mi_line_at + mi_lane;")
-                code.lines.extend("    " * code._indent + line if line else line for line in _dedent(line_body))
+                for line in line_body:
+                    code.writeline(line)
             code.writeline(f"mi_stream_store(&{store.arg}[{at('mi_line_at')}], mi_line);")
-        _simd_loop(code, var, "mi_lines_end", "mi_hi", body)
+        simd_loop(code, var, "mi_lines_end", "mi_hi", body)
     code.writeline("}")
 
 
-def _simd_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, body: list[str]) -> None:
+def simd_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, body: list[str]) -> None:
+    """``#pragma omp simd`` over ``var`` in ``[lo, hi)``; ``body``'s lines at their own level."""
     code.writeline("#pragma omp simd")
     code.writeline(f"for (int64_t {var} = {lo}; {var} < {hi}; {var}++)")
     with code.indent():
-        code.lines.extend("    " * code._indent + line if line else line for line in _dedent(body))
-
-
-def _dedent(lines: list[str]) -> list[str]:
-    pad = min((len(line) - len(line.lstrip()) for line in lines if line.strip()), default=0)
-    return [line[pad:] for line in lines]
+        for line in body:
+            code.writeline(line)
 
 
 def fence_parallel_region(lines: list[str], start: int) -> None:
