@@ -45,11 +45,11 @@ def test_gather_check_is_branch_free_and_vectorizes(tmp_path: Path) -> None:
 def test_gather_loops_follow_the_cpus_gather_speed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both choices, whatever this CPU is: `omp simd` on the gather loop exactly when gathers
     pay off, and the same result either way."""
-    from minductor.codegen import cpp
+    from minductor.codegen import cpp_unit
 
     x, i = torch.randn(16, 300), torch.randint(0, 300, (16, 200))
     for fast in (True, False):
-        monkeypatch.setattr(cpp, "vector_gathers_pay_off", lambda fast=fast: fast)
+        monkeypatch.setattr(cpp_unit, "vector_gathers_pay_off", lambda fast=fast: fast)
         torch._dynamo.reset()
         code = _kernel(lambda x, i: torch.gather(x, 1, i) + 1, x, i, tmp_path=tmp_path / str(fast)).read_text()
         assert ("omp simd" in code) == fast, code
