@@ -78,6 +78,10 @@ pool_min_bytes: int = _env_int("MINDUCTOR_POOL_MIN_BYTES", 256 * 1024)
 # reading the output back from cache made them a loss). 0 turns them off.
 stream_store_min_bytes: int = _env_int("MINDUCTOR_STREAM_STORE_MIN_BYTES", 16 << 20)
 
+# A fused row kernel keeps a pointwise value it stores and reads back within the row (softmax's
+# exp) in a row-sized stack array instead of memory (codegen/cpp_rows.py).
+row_scratch: bool = _env_bool("MINDUCTOR_ROW_SCRATCH", True)
+
 # The flag names: every annotated module-level variable above.
 FLAGS: frozenset[str] = frozenset(__annotations__)
 

@@ -36,15 +36,22 @@ def test_epilogue_of_a_matmul_writes_over_the_matmul_result(tmp_path: Path) -> N
     assert "aten.mm.out" in code and "addmm" not in code
 
 
-def test_softmax_writes_over_its_input_after_reading_each_row(tmp_path: Path) -> None:
-    """Softmax: a max loop, then exp(x - max) stored (over the dying product) and summed, then
-    the division stored over the exp: every read is in the row it stores, before the store. One
-    storage for the product, the exp and the result; exp evaluated once per element."""
+@pytest.mark.parametrize("row_scratch", [True, False])
+def test_softmax_writes_over_its_input_after_reading_each_row(tmp_path: Path, row_scratch: bool) -> None:
+    """Softmax: a max loop, then exp(x - max) stored and summed, then the division stored: every
+    read is in the row it stores, before the store. With a row scratch (the default) the exp
+    stays in it and the result is stored over the dying product; without, the exp is stored
+    over the product and the result over the exp. One storage either way (the product's), and
+    exp evaluated once per element."""
     q, k = torch.randn(4, 64, 32), torch.randn(4, 64, 32)
-    code = _compile(lambda q, k: (q @ k.transpose(1, 2)).softmax(-1), q, k, tmp_path=tmp_path, rtol=1e-5, atol=1e-5)
-    assert len(_in_place(code)) == 2, code  # exp over the product, the result over the exp
+    with config.patch(row_scratch=row_scratch):
+        code = _compile(lambda q, k: (q @ k.transpose(1, 2)).softmax(-1), q, k, tmp_path=tmp_path, rtol=1e-5, atol=1e-5)
+    assert len(_in_place(code)) == (1 if row_scratch else 2), code
     kernel = code.split("def call(args):")[0]
-    assert kernel.count("mi_exp(") == 1, kernel
+    loops = re.findall(r"MI_LOOP_FN void \w+\(.*?\n}\n}", kernel, flags=re.S)
+    assert len(loops) == (3 if row_scratch else 4), kernel  # the sum runs in the exp loop with a row scratch
+    assert sum("mi_exp(" in loop for loop in loops) == 1, kernel  # no recomputed exp
+    assert ("mi_row0" in kernel) == row_scratch
     assert metrics.buffers_allocated == 1  # the bmm output
 
 
@@ -173,15 +180,18 @@ def test_planner_refuses_a_store_before_a_later_loop_reads_the_row() -> None:
 
 
 def test_gelu_then_layer_norm_stores_gelu_once_and_reduces_it_once(tmp_path: Path) -> None:
-    """GELU feeding a layer norm: the GELU (an erf) is stored once over the matmul result and
-    read back by the mean/variance loop, whose mean and m2 come from ONE welford accumulator
-    (a store elsewhere in the kernel must not make the two readers' loads look different)."""
+    """GELU feeding a layer norm: the GELU (an erf) is stored once (in a row scratch, by the
+    mean/variance loop itself) and read back by the normalizing loop, which stores over the
+    matmul result; the mean and m2 come from ONE welford accumulator (a store elsewhere in the
+    kernel must not make the two readers' loads look different)."""
     x, w, b = torch.randn(64, 32), torch.randn(32, 128), torch.randn(128)
     lw, lb = torch.randn(128), torch.randn(128)
     # the mean and rstd are outputs too (as a training forward saves them): stored after the loop
     code = _compile(lambda x: torch.native_layer_norm(F.gelu(torch.addmm(b, x, w)), (128,), lw, lb, 1e-5), x,
                     tmp_path=tmp_path, rtol=1e-4, atol=1e-4)
     kernel = code.split("def call(args):")[0]
-    assert kernel.count("mi_erf(") == 1, kernel
+    loops = re.findall(r"MI_LOOP_FN void \w+\(.*?\n}\n}", kernel, flags=re.S)
+    assert len(loops) == 3 and sum("mi_erf(" in loop for loop in loops) == 1, kernel  # no recomputed erf
+    assert "mi_row0" in kernel
     assert len(set(re.findall(r"(tmp_acc\d+)_mean\[", kernel))) == 1, kernel
     assert _in_place(code), code

@@ -33,7 +33,8 @@ from minductor.codegen.cpp_stream import (
     simd_loop,
     streamable_buffer,
 )
-from minductor.codegen.cpp_rewrites import LoopShape, hoist_inner_invariants, prefetch_row_stores
+from minductor.codegen.cpp_rows import fold_into_reductions, row_offset, row_scratch_buffers
+from minductor.codegen.cpp_rewrites import LoopShape, hoist_inner_invariants, prefetch_next_rows, prefetch_row_stores
 from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
 from minductor.codegen.cpp_unit import ARGS_PLACEHOLDER, render_unit
 from minductor.codegen.loop_shapes import (
@@ -88,6 +89,7 @@ class CppKernel:
         self.range_of: dict[sympy.Symbol, Expr] = {}
         self.body_stores: list[tuple[str, Expr, torch.dtype]] = []  # (pointer, index, dtype) of the loop body's stores
         self.body_store_names: list[str] = []  # the buffers of body_stores
+        self.body_loads: list[tuple[str, Expr, torch.dtype]] = []  # (pointer, index, dtype) of plain loads
         self.may_stream = False  # loops may use streaming stores (the parallel region fences them)
         self.streamed = False  # some loop did
         # emit_outer's innermost loop, left to _emit_pointwise_nest: (var, lo, hi, iterations)
@@ -109,6 +111,7 @@ class CppKernel:
         self.internal: frozenset[str] = frozenset()  # written here, read nowhere else (wrapper)
         self.written_over: dict[str, str] = {}  # output -> dying input whose storage it takes (wrapper)
         self.local: dict[str, str] = {}  # of those, kept in a per-iteration local: name -> C++ name
+        self.rows: dict[str, tuple[str, int]] = {}  # of those, kept in a row scratch: name -> (array, elements)
 
     # -- handler callbacks ---------------------------------------------------------------
 
@@ -120,12 +123,16 @@ class CppKernel:
         dtype = V.graph.get_dtype(name)
         if name in self.local:
             return self.cse.generate(self.body, f"{self.local[name]}[0]")
+        if name in self.rows:
+            return self.cse.generate(self.body, f"{self.rows[name][0]}[{self.index_str(row_offset(index, len(self.group.outer)))}]")
         arg = self.args.input(name)
         access = f"{arg}[{self.index_str(index)}]"
         if self.masks:  # masked-off lanes read element 0: the load may run unconditionally
             access = f"{arg}[{_masked_index(' && '.join(self.masks), self.index_str(index), index)}]"
         if self.stage is not None and self.mask_depth == 0:
             access = self.stage.maybe_stage(self, arg, dtype, index) or access
+        elif not self.masks:
+            self.body_loads.append((arg, sympy.expand(sympy.sympify(index).xreplace(self.substitution)), dtype))
         if dtype == torch.float16:
             access = f"static_cast<float>({access})"
         elif dtype == torch.bfloat16:
@@ -139,6 +146,13 @@ class CppKernel:
         if name in self.local:
             assert mode is None, "locals hold reduction results only"
             buffer.writeline(f"{self.local[name]}[0] = static_cast<{CPP_STORAGE_TYPES[dtype]}>({value});")
+            return
+        if name in self.rows:
+            assert mode is None, "row scratch holds pointwise values only"
+            array = self.rows[name][0]
+            offset = self.index_str(row_offset(index, len(self.group.outer)))
+            buffer.writeline(f"{array}[{offset}] = static_cast<{CPP_STORAGE_TYPES[dtype]}>({value});")
+            self.cse.cache = {expr: var for expr, var in self.cse.cache.items() if not expr.startswith(f"{array}[")}
             return
         arg = self.args.output(name)
         if mode is not None:
@@ -316,6 +330,9 @@ class CppKernel:
         else:
             if self.tile_var is None and len(loops) > 1:
                 self.local = {b: f"mi_local{i}" for i, b in enumerate(self._register_results(n_outer))}
+                rows = row_scratch_buffers(self.group, self.internal)
+                self.rows = {b: (f"mi_row{i}", numel) for i, (b, numel) in enumerate(rows.items())}
+                loops = fold_into_reductions(loops, rows)
             self.emit_outer(code, merged_outer, loops, parallel)
         return self.render(code)
 
@@ -443,6 +460,10 @@ class CppKernel:
             code.writeline("{")
             code._indent += 1
             opened += 1
+        for b, v in self.local.items():
+            code.writeline(f"{CPP_STORAGE_TYPES[V.graph.get_dtype(b)]} {v}[1];  // {b}, kept in a local")
+        for b, (v, numel) in self.rows.items():
+            code.writeline(f"alignas(64) {CPP_STORAGE_TYPES[V.graph.get_dtype(b)]} {v}[{numel}];  // {b}, one row of it")
         if len(loops) == 1:
             self.emit_loop(code, outer, loops[0])
             inner_size = outer.sizes[-1] if n else None
@@ -453,11 +474,10 @@ class CppKernel:
             # (inlined together, later blocks lose vectorization to jump threading)
             loop_vars = [str(v) for v in outer.variables if v != self.tile_var]
             loop_vars += ["mi_tile", "mi_count"] if self.tile_var is not None else []
+            kept = list(self.local.items()) + [(b, v) for b, (v, _) in self.rows.items()]
             params = ", ".join([f"const int64_t {v}" for v in loop_vars]
-                               + [f"{CPP_STORAGE_TYPES[V.graph.get_dtype(b)]}* __restrict__ {v}" for b, v in self.local.items()])
-            for b, v in self.local.items():
-                code.writeline(f"{CPP_STORAGE_TYPES[V.graph.get_dtype(b)]} {v}[1];  // {b}, kept in a local")
-            loop_vars += list(self.local.values())
+                               + [f"{CPP_STORAGE_TYPES[V.graph.get_dtype(b)]}* __restrict__ {v}" for b, v in kept])
+            loop_vars += [v for _, v in kept]
             blocks, shapes = [], []
             for loop in loops:
                 block = CodeBuffer()
@@ -469,6 +489,8 @@ class CppKernel:
                 call_vars = ", ".join(loop_vars)
                 code.writeline(f"{fn}({ARGS_PLACEHOLDER}{', ' + call_vars if call_vars else ''});")
             prefetch_row_stores(blocks[0], shapes[0], shapes[1:], self.range_of)
+            if outer.variables and self.tile_var is None:
+                prefetch_next_rows(blocks, shapes, outer.variables[-1], self.range_of)
         for _ in range(opened):
             code._indent -= 1
             code.writeline("}")
@@ -487,12 +509,17 @@ class CppKernel:
         self.body, self.prefix, self.suffix = CodeBuffer(), CodeBuffer(), CodeBuffer()
         self.body_stores = []
         self.body_store_names = []
+        self.body_loads = []
         self.cse = CSE()
         self.cse.counter = self._tmp_counter()
         n_outer = len(self.group.outer)
         pw_vars = make_vars("x", len(loop.pw_inner), start=n_outer)
         red_vars = make_vars("r", len(loop.red))
-        exprs = [e for node in loop.nodes for e in node.read_writes.index_exprs]
+        # a pointwise node folded into a reduction loop (fold_into_reductions) runs on its
+        # reduction variables
+        folded = {node.node.name: dict(zip(make_vars("x", len(node.pw_ranges))[n_outer:], red_vars))
+                  for node in loop.nodes if loop.red and not node.is_reduction()}
+        exprs = [e.xreplace(folded.get(node.node.name, {})) for node in loop.nodes for e in node.read_writes.index_exprs]
         merged_pw = merge_dims(pw_vars, loop.pw_inner, exprs, "xi")
         merged_red = merge_dims(red_vars, loop.red, exprs, "ri")
         if not merged_red.variables and any(n.is_reduction() for n in loop.nodes):
@@ -511,7 +538,10 @@ class CppKernel:
         self.innermost = str(innermost[-1]) if innermost else None
         with V.set_ops(CppOps(self)), V.set_kernel(self):
             for node in loop.nodes:
-                node.run(make_vars("x", n_outer) + pw_vars, red_vars)
+                if node.node.name in folded:
+                    node.run(make_vars("x", n_outer) + red_vars, [])
+                else:
+                    node.run(make_vars("x", n_outer) + pw_vars, red_vars)
         self._tmp_counter_value = self.cse.counter
         code.writeline("{")
         code._indent += 1
@@ -524,7 +554,7 @@ class CppKernel:
             self._emit_pointwise_nest(code, merged_pw)
         inner = merged_red if merged_red.variables else merged_pw
         self.loop_shape = (LoopShape(inner.variables[0], inner.sizes[0], self.lanes if merged_red.variables else 0,
-                                     self.body_stores) if len(inner.variables) == 1 and self.tile_var is None else None)
+                                     self.body_stores, self.body_loads) if len(inner.variables) == 1 and self.tile_var is None else None)
         if self.tile_var is not None:
             pass
         elif thread_chunk:

@@ -113,12 +113,13 @@ def hoist_inner_invariants(kernel: Any, code: CodeBuffer, start: int, inner: str
 @dataclasses.dataclass
 class LoopShape:
     """A loop block's single innermost variable: its range, its lanes (0 for a pointwise
-    loop) and the stores of its body (pointer, index, dtype)."""
+    loop) and the stores and loads of its body (pointer, index, dtype)."""
 
     var: sympy.Symbol
     size: Expr
     lanes: int
     stores: list[tuple[str, Expr, torch.dtype]]
+    loads: list[tuple[str, Expr, torch.dtype]] = dataclasses.field(default_factory=list)
 
 
 def prefetch_row_stores(first: CodeBuffer, shape: LoopShape | None, later: list[LoopShape | None],
@@ -144,9 +145,40 @@ def prefetch_row_stores(first: CodeBuffer, shape: LoopShape | None, later: list[
                 line = f"__builtin_prefetch(&{arg}[{at}], 1, 3);"
                 if line not in lines:
                     lines.append(line)
-    head = f"for (int64_t mi_base = 0; mi_base < mi_main; mi_base += {shape.lanes})"
-    at = [i for i, line in enumerate(first.lines) if line.strip() == head]
-    if not lines or len(at) != 1 or first.lines[at[0] + 1].strip() != "{":
+    _insert_in_lane_loop(first, shape.lanes, lines)
+
+
+def prefetch_next_rows(blocks: list[CodeBuffer], shapes: list[LoopShape | None], outer: sympy.Symbol,
+                       range_of: dict[sympy.Symbol, Expr]) -> None:
+    """Have the first later reduction loop of a row (softmax's exp and sum, which compute on
+    the row the first loop brought into L1) prefetch the lines the first loop will read in the
+    next outer iteration: the memory read then overlaps this loop's arithmetic instead of
+    following it (a hand softmax at 4096^2 on a Xeon VM: 6.7-6.8 -> 5.3-5.7 ms)."""
+    first = shapes[0] if shapes else None
+    if first is None:
         return
-    indent = first.lines[at[0]][: len(first.lines[at[0]]) - len(first.lines[at[0]].lstrip())] + "    "
-    first.lines[at[0] + 2:at[0] + 2] = [indent + line for line in lines]
+    for block, shape in zip(blocks[1:], shapes[1:]):
+        if shape is None or not shape.lanes or shape.size != first.size:
+            continue
+        mi_base = index_symbol("mi_base")
+        lines: list[str] = []
+        for arg, index, dtype in first.loads:
+            coeffs = affine_coeffs(index, [first.var, outer])
+            if coeffs is None or coeffs[first.var] != 1 or coeffs[outer] == 0 or shape.lanes * dtype.itemsize < 64:
+                continue
+            for k in range(0, shape.lanes, 64 // dtype.itemsize):  # a prefetch per 64-byte line
+                nxt = index.xreplace({first.var: mi_base + k, outer: outer + 1})
+                line = f"__builtin_prefetch(&{arg}[{cpp_index(simplify_index(sympy.expand(nxt), range_of))}], 0, 3);"
+                if line not in lines:
+                    lines.append(line)
+        _insert_in_lane_loop(block, shape.lanes, lines)
+        return
+
+
+def _insert_in_lane_loop(block: CodeBuffer, lanes: int, lines: list[str]) -> None:
+    head = f"for (int64_t mi_base = 0; mi_base < mi_main; mi_base += {lanes})"
+    at = [i for i, line in enumerate(block.lines) if line.strip() == head]
+    if not lines or len(at) != 1 or block.lines[at[0] + 1].strip() != "{":
+        return
+    indent = block.lines[at[0]][: len(block.lines[at[0]]) - len(block.lines[at[0]].lstrip())] + "    "
+    block.lines[at[0] + 2:at[0] + 2] = [indent + line for line in lines]

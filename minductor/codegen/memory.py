@@ -22,11 +22,11 @@ import torch
 
 from minductor import config, metrics
 from minductor.codegen.common import py_index
-from minductor.ir.indexing import make_vars
+from minductor.codegen.cpp_rows import inner_vars
 from minductor.ir.layout import FixedLayout
 from minductor.ir.nodes import Buffer, ComputedBuffer, ExternKernelAlloc, ExternKernelOut, FallbackKernel
 from minductor.scheduler.deps import MemoryDep
-from minductor.scheduler.nodes import ExternSchedulerNode, FusedGroup, SchedulerNode
+from minductor.scheduler.nodes import ExternSchedulerNode, FusedGroup
 
 Key = tuple[str, torch.dtype, int]
 
@@ -149,14 +149,14 @@ def _reads_only_where_written(group: FusedGroup, writer_pos: int, name: str, n_o
     if len(writes) != 1 or not isinstance(writes[0], MemoryDep):
         return False
     target = writes[0].index
-    writer_inner = _inner_vars(writer, n_outer)
+    writer_inner = inner_vars(writer, n_outer)
     for pos, node in enumerate(group.nodes):
         for dep in node.read_writes.reads:
             if dep.name != name:
                 continue
             if pos > writer_pos or not isinstance(dep, MemoryDep):
                 return False
-            inner = _inner_vars(node, n_outer)
+            inner = inner_vars(node, n_outer)
             if [size for _, size in inner] != [size for _, size in writer_inner]:
                 return False
             renamed = dep.index.xreplace({v: w for (v, _), (w, _) in zip(inner, writer_inner)})
@@ -178,19 +178,12 @@ def _stored_where_written(group: FusedGroup, writer_pos: int, name: str, n_outer
     for pos, dep in stores:
         if pos >= writer_pos or not isinstance(dep, MemoryDep):
             return False
-        inner, writer_inner = _inner_vars(group.nodes[pos], n_outer), _inner_vars(writer, n_outer)
+        inner, writer_inner = inner_vars(group.nodes[pos], n_outer), inner_vars(writer, n_outer)
         if [size for _, size in inner] != [size for _, size in writer_inner]:
             return False
         if sympy.expand(dep.index.xreplace({v: w for (v, _), (w, _) in zip(inner, writer_inner)}) - target) != 0:
             return False
     return True
-
-
-def _inner_vars(node: SchedulerNode, n_outer: int) -> list[tuple[sympy.Symbol, Any]]:
-    """A node's loop variables past the group's shared outer loops, with their ranges."""
-    xs = make_vars("x", len(node.pw_ranges))[n_outer:]
-    rs = make_vars("r", len(node.red_ranges))
-    return list(zip(xs, node.pw_ranges[n_outer:])) + list(zip(rs, node.red_ranges))
 
 
 def sympy_int(expr: Any) -> bool:

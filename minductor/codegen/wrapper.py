@@ -12,6 +12,7 @@ from minductor import config
 from minductor.codegen.common import CodeBuffer, KernelCode, py_index
 from minductor.codegen.cpp import CppKernel, kernel_name
 from minductor.codegen.cpp_scan import CppScanKernel
+from minductor.codegen.cpp_rows import row_scratch_buffers
 from minductor.codegen.memory import PoolSlots, plan_memory, plan_written_over
 from minductor.ir.nodes import (
     Buffer,
@@ -63,7 +64,7 @@ def codegen_kernel(group: FusedGroup, index: int, internal: frozenset[str] = fro
     if kernel.uses_error_flag:
         call = (f"mi_err = torch.zeros(1, dtype=torch.int64); {name}({', '.join([*call_args, 'c_void_p(mi_err.data_ptr())'])}); "
                 f"check_index_error(mi_err, {name!r})")
-    return KernelCode(name, "cpp", source, call, ".cpp", frozenset(kernel.local))
+    return KernelCode(name, "cpp", source, call, ".cpp", frozenset(kernel.local) | frozenset(kernel.rows))
 
 
 def _internal_buffers(group: FusedGroup, i: int, last_use: dict[str, int], outputs: set[str]) -> frozenset[str]:
@@ -130,7 +131,12 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
         if t.epilogue is not None:  # the matmul runs at its epilogue: its inputs live until then
             for name in t.input_names():
                 last_use[name] = max(last_use.get(name, i), i)
-    written_over = {i: over for i, over in plan_written_over(graph, scheduler.units, last_use, outputs).items()
+    internal = {i: _internal_buffers(unit, i, last_use, outputs | set(graph.constants))
+                for i, unit in enumerate(scheduler.units) if isinstance(unit, FusedGroup) and i not in templates}
+    # what a C++ kernel may keep in a row scratch is no storage to write over
+    rows = set().union(*(row_scratch_buffers(scheduler.units[i], names) for i, names in internal.items()
+                         if not uses_triton(scheduler.units[i])))
+    written_over = {i: over for i, over in plan_written_over(graph, scheduler.units, last_use, outputs, rows).items()
                     if i not in templates and not uses_triton(scheduler.units[i])}
     # kernels first: a C++ kernel may keep a group-internal buffer in a local, which is then
     # never allocated
@@ -143,8 +149,7 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
                 kernel_of[i] = codegen_template(templates[i], len(kernels))
                 kernels.append(kernel_of[i])
         elif isinstance(unit, FusedGroup):
-            internal = _internal_buffers(unit, i, last_use, outputs | set(graph.constants))
-            kernel_of[i] = codegen_kernel(unit, len(kernels), internal, written_over.get(i))
+            kernel_of[i] = codegen_kernel(unit, len(kernels), internal[i], written_over.get(i))
             kernels.append(kernel_of[i])
     local = set().union(*(k.local_buffers for k in kernels))
     plans = plan_memory(graph, scheduler.units, last_use, outputs, slots, local, written_over)

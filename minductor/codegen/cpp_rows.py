@@ -1,0 +1,125 @@
+"""Row scratch: an internal buffer a fused row kernel writes and reads back per outer iteration.
+
+Softmax computes ``exp(x - max)`` for a row, sums it and divides it by the sum; layer norm
+with a residual computes ``x + r``, reduces it and normalizes it. The value is read back only
+by the same outer iteration (row), at the element it was stored to, and by nothing outside
+the kernel. Stored in memory (in the output's storage, written over), every line of it is
+read for ownership first and the output can never take streaming stores, since the kernel
+reads it back. Kept instead in a row-sized array on the stack (``mi_row0[4096]``, L1), it
+never reaches memory, and the output becomes a plain store the kernel may stream.
+
+``fold_into_reductions`` then runs such a producer inside the next reduction loop over the
+same range: the exp is stored and summed in one pass instead of two. Hand kernels of softmax
+at 4096^2 on a 2-core Xeon VM, timed in alternation: written over the output 9.3-9.5 ms;
+row scratch, separate passes, streamed output 8.1 ms; the same with the sum in the exp loop
+6.6-6.9 ms (row scratch with the fold but ordinary stores: 9.8 ms, no gain by itself).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import sympy
+import torch
+
+from minductor import config
+from minductor.codegen.loop_shapes import Loop
+from minductor.ir.indexing import make_vars
+from minductor.scheduler.deps import MemoryDep
+from minductor.scheduler.nodes import FusedGroup, SchedulerNode
+
+# bytes of one row's scratch: L1-sized, and small for an OpenMP worker's stack
+ROW_SCRATCH_MAX_BYTES = 64 * 1024
+_NATIVE = (torch.float32, torch.float64, torch.int32, torch.int64)  # stored as computed
+
+
+def inner_vars(node: SchedulerNode, n_outer: int) -> list[tuple[sympy.Symbol, sympy.Expr]]:
+    """A node's loop variables past the group's shared outer loops, with their ranges."""
+    xs = make_vars("x", len(node.pw_ranges))[n_outer:]
+    rs = make_vars("r", len(node.red_ranges))
+    return list(zip(xs, node.pw_ranges[n_outer:])) + list(zip(rs, node.red_ranges))
+
+
+def _dense_offset(inner: list[tuple[sympy.Symbol, sympy.Expr]]) -> sympy.Expr:
+    """The row-major position of the inner variables in their ranges."""
+    offset, stride = sympy.Integer(0), sympy.Integer(1)
+    for var, size in reversed(inner):
+        offset += var * stride
+        stride *= size
+    return offset
+
+
+def row_scratch_buffers(group: FusedGroup, internal: Iterable[str]) -> dict[str, int]:
+    """Buffers of ``group`` that can live in a per-row scratch: name -> elements per row.
+
+    A pointwise node's output qualifies when nothing outside the group reads it
+    (``internal``), its elements per outer iteration are a static count of at most
+    ``ROW_SCRATCH_MAX_BYTES``, it is stored at ``outer part + dense row offset``, and every
+    read of it is a later node's, at exactly the element the same iteration stored."""
+    n_outer = len(group.outer)
+    internal = set(internal)
+    found: dict[str, int] = {}
+    if n_outer == 0 or not config.row_scratch:
+        return found
+    outer_zero = {v: sympy.Integer(0) for v in make_vars("x", n_outer)}
+    for pos, node in enumerate(group.nodes):
+        name = node.node.name
+        if name not in internal or node.is_reduction() or node.node.mutates or node.node.get_dtype() not in _NATIVE:
+            continue
+        writes = [d for d in node.read_writes.writes if d.name == name]
+        inner = inner_vars(node, n_outer)
+        sizes = [size for _, size in inner]
+        if len(writes) != 1 or not isinstance(writes[0], MemoryDep) or not inner \
+                or not all(isinstance(s, sympy.Integer) for s in sizes):
+            continue
+        numel = math.prod(int(s) for s in sizes)
+        if numel < 2 or numel * node.node.get_dtype().itemsize > ROW_SCRATCH_MAX_BYTES:
+            continue
+        index = sympy.expand(writes[0].index)
+        offset = _dense_offset(inner)
+        if sympy.expand(index.xreplace(outer_zero) - offset) != 0 \
+                or (sympy.expand(index - offset).free_symbols & {v for v, _ in inner}):
+            continue
+        if _read_back_in_place(group, pos, name, index, inner, n_outer):
+            found[name] = numel
+    return found
+
+
+def _read_back_in_place(group: FusedGroup, pos: int, name: str, index: sympy.Expr,
+                        inner: list[tuple[sympy.Symbol, sympy.Expr]], n_outer: int) -> bool:
+    for reader_pos, reader in enumerate(group.nodes):
+        for dep in reader.read_writes.reads:
+            if dep.name != name:
+                continue
+            if reader_pos <= pos or not isinstance(dep, MemoryDep):
+                return False
+            theirs = inner_vars(reader, n_outer)
+            if [s for _, s in theirs] != [s for _, s in inner]:
+                return False
+            renamed = dep.index.xreplace({v: w for (v, _), (w, _) in zip(theirs, inner)})
+            if sympy.expand(renamed - index) != 0:
+                return False
+    return True
+
+
+def row_offset(index: sympy.Expr, n_outer: int) -> sympy.Expr:
+    """A row scratch element's position: its buffer index without the outer part."""
+    return index.xreplace({v: sympy.Integer(0) for v in make_vars("x", n_outer)})
+
+
+def fold_into_reductions(loops: list[Loop], rows: Iterable[str]) -> list[Loop]:
+    """Run a pointwise loop whose every node stores a row scratch buffer inside the reduction
+    loop right after it, when that loop reduces over the same range (its ``red`` equals the
+    pointwise loop's ``pw_inner``): each element is then stored and reduced in one pass.
+    Legal because a row scratch buffer is read only at the element the same iteration stored,
+    which in the joint loop is stored earlier in the same loop body."""
+    rows = set(rows)
+    out: list[Loop] = []
+    for loop in loops:
+        prev = out[-1] if out else None
+        if prev is not None and not prev.red and prev.pw_inner and not loop.pw_inner \
+                and list(loop.red) == list(prev.pw_inner) and all(n.node.name in rows for n in prev.nodes):
+            out[-1] = Loop(prev.nodes + loop.nodes, [], list(loop.red))
+        else:
+            out.append(loop)
+    return out

@@ -1,0 +1,93 @@
+"""Row scratch (codegen/cpp_rows.py): a pointwise value a row kernel stores and reads back in the
+same row (softmax's exp) lives in a row-sized stack array, is stored and reduced in one loop,
+and the output becomes a plain store that may stream; the exp loop prefetches the next row.
+
+Every case compares with eager; the source checks say which path the kernel took.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from minductor import config
+
+
+def compiled(fn, *args, tmp_path, dynamic: bool = False, **flags) -> str:
+    torch._dynamo.reset()
+    with config.patch(debug=True, debug_dir=str(tmp_path), **flags):
+        got = torch.compile(fn, backend="minductor", dynamic=dynamic)(*args)
+    torch.testing.assert_close(got, fn(*args), equal_nan=True)
+    return "\n".join(p.read_text() for p in sorted(tmp_path.glob("graph_*/cpp_*.cpp")))
+
+
+def loop_functions(code: str) -> list[str]:
+    return re.findall(r"MI_LOOP_FN void \w+\(.*?\n}\n}", code, flags=re.S)
+
+
+@pytest.mark.parametrize("shape", [(64, 1000), (8, 4096), (3, 5, 77)], ids=["tail", "row4096", "3d"])
+def test_softmax_keeps_its_exp_in_a_row_scratch(tmp_path, shape) -> None:
+    x = torch.randn(shape) * 4
+    code = compiled(lambda x: torch.softmax(x, -1), x, tmp_path=tmp_path)
+    row = shape[-1]
+    assert f"float mi_row0[{row}];" in code
+    assert "in_out_ptr" not in code  # the output no longer takes the exps' storage
+    # the exp is stored and summed in one loop, which prefetches the next row's input where its
+    # lanes span a 64-byte line (the 77-wide rows take 8 lanes)
+    (exp_loop,) = [f for f in loop_functions(code) if "mi_row0[ri0] =" in f]
+    assert "tmp_acc" in exp_loop
+    assert (f"__builtin_prefetch(&in_ptr0[{row} + mi_base" in exp_loop) == (row >= 1000)
+
+
+def test_softmax_output_streams_once_it_is_no_longer_read_back(tmp_path) -> None:
+    x = torch.randn(40, 600)
+    code = compiled(lambda x: torch.softmax(x, -1), x, tmp_path=tmp_path, stream_store_min_bytes=1)
+    assert "mi_row0" in code and "mi_stream_store(" in code
+    off = compiled(lambda x: torch.softmax(x, -1), x, tmp_path=tmp_path / "off", stream_store_min_bytes=1, row_scratch=False)
+    assert "mi_row0" not in off and "in_out_ptr0" in off and "mi_stream_store(" not in off
+
+
+def test_float64_and_special_values(tmp_path) -> None:
+    x = torch.randn(16, 130, dtype=torch.float64)
+    assert "double mi_row0[130];" in compiled(lambda x: torch.softmax(x, -1), x, tmp_path=tmp_path)
+    y = torch.randn(6, 50)
+    y[0, 3], y[1, :] = float("nan"), float("-inf")
+    y[2, 7] = float("inf")
+    assert "mi_row0" in compiled(lambda y: torch.softmax(y, -1), y, tmp_path=tmp_path / "special")
+
+
+def test_rows_beyond_the_cap_and_dynamic_rows_use_memory(tmp_path) -> None:
+    from minductor.codegen.cpp_rows import ROW_SCRATCH_MAX_BYTES
+
+    wide = torch.randn(3, ROW_SCRATCH_MAX_BYTES // 4 + 16)
+    assert "mi_row" not in compiled(lambda x: torch.softmax(x, -1), wide, tmp_path=tmp_path / "wide")
+    x = torch.randn(12, 300)
+    assert "mi_row" not in compiled(lambda x: torch.softmax(x, -1), x, tmp_path=tmp_path / "dyn", dynamic=True)
+
+
+def test_values_read_elsewhere_in_the_row_or_outside_stay_in_memory(tmp_path) -> None:
+    x = torch.randn(20, 64)
+
+    def flipped(x):  # the exp read back at another element of the row
+        e = x.exp()
+        return e / e.sum(-1, keepdim=True) + e.flip(-1)
+
+    assert "mi_row" not in compiled(flipped, x, tmp_path=tmp_path / "flip")
+
+    def returned(x):  # the exp is also a graph output
+        e = (x * 2).exp()
+        return e / e.sum(-1, keepdim=True), e
+
+    assert "mi_row" not in compiled(returned, x, tmp_path=tmp_path / "out")
+
+
+def test_a_row_scratch_read_by_two_later_loops(tmp_path) -> None:
+    x = torch.randn(32, 200)
+
+    def f(x):
+        e = (x - x.amax(-1, keepdim=True)).exp()
+        s = e.sum(-1, keepdim=True)
+        return e / s + (e * e).sum(-1, keepdim=True)
+
+    assert "mi_row0" in compiled(f, x, tmp_path=tmp_path)
