@@ -33,9 +33,14 @@ def test_pointwise_outputs_stream(tmp_path, shape) -> None:
 
 
 def test_layer_norm_streams_its_rows_without_write_prefetches(tmp_path) -> None:
+    """The streamed rows are not prefetched for writing; the streaming loop prefetches the
+    next row of both inputs instead, a line per iteration (cpp_rewrites.prefetch_next_rows)."""
     x, r = torch.randn(200, 300), torch.randn(200, 300)
     code = compiled_code(lambda x, r: F.layer_norm(x + r, (300,)), x, r, tmp_path=tmp_path)
-    assert "mi_stream_store(" in code and "__builtin_prefetch" not in code
+    assert "mi_stream_store(" in code and ", 1, 3);" not in code
+    streamed = code[code.index("for (int64_t mi_line_at"):]
+    for arg in ("in_ptr0", "in_ptr1"):
+        assert f"__builtin_prefetch(&{arg}[300 + mi_line_at + 300L*xo0], 0, 3);" in streamed.split("mi_stream_store(")[0]
 
 
 def test_two_outputs_one_streams(tmp_path) -> None:
