@@ -23,21 +23,14 @@ import sympy
 import torch
 
 from minductor import config
-from minductor.codegen.loop_shapes import Loop
+from minductor.codegen.loop_shapes import Loop, inner_vars, reads_only_at
 from minductor.ir.indexing import make_vars
 from minductor.scheduler.deps import MemoryDep
-from minductor.scheduler.nodes import FusedGroup, SchedulerNode
+from minductor.scheduler.nodes import FusedGroup
 
 # bytes of one row's scratch: L1-sized, and small for an OpenMP worker's stack
 ROW_SCRATCH_MAX_BYTES = 64 * 1024
 _NATIVE = (torch.float32, torch.float64, torch.int32, torch.int64)  # stored as computed
-
-
-def inner_vars(node: SchedulerNode, n_outer: int) -> list[tuple[sympy.Symbol, sympy.Expr]]:
-    """A node's loop variables past the group's shared outer loops, with their ranges."""
-    xs = make_vars("x", len(node.pw_ranges))[n_outer:]
-    rs = make_vars("r", len(node.red_ranges))
-    return list(zip(xs, node.pw_ranges[n_outer:])) + list(zip(rs, node.red_ranges))
 
 
 def _dense_offset(inner: list[tuple[sympy.Symbol, sympy.Expr]]) -> sympy.Expr:
@@ -80,26 +73,9 @@ def row_scratch_buffers(group: FusedGroup, internal: Iterable[str]) -> dict[str,
         if sympy.expand(index.xreplace(outer_zero) - offset) != 0 \
                 or (sympy.expand(index - offset).free_symbols & {v for v, _ in inner}):
             continue
-        if _read_back_in_place(group, pos, name, index, inner, n_outer):
+        if reads_only_at(group, name, index, inner, n_outer, range(pos + 1, len(group.nodes))):
             found[name] = numel
     return found
-
-
-def _read_back_in_place(group: FusedGroup, pos: int, name: str, index: sympy.Expr,
-                        inner: list[tuple[sympy.Symbol, sympy.Expr]], n_outer: int) -> bool:
-    for reader_pos, reader in enumerate(group.nodes):
-        for dep in reader.read_writes.reads:
-            if dep.name != name:
-                continue
-            if reader_pos <= pos or not isinstance(dep, MemoryDep):
-                return False
-            theirs = inner_vars(reader, n_outer)
-            if [s for _, s in theirs] != [s for _, s in inner]:
-                return False
-            renamed = dep.index.xreplace({v: w for (v, _), (w, _) in zip(theirs, inner)})
-            if sympy.expand(renamed - index) != 0:
-                return False
-    return True
 
 
 def row_offset(index: sympy.Expr, n_outer: int) -> sympy.Expr:

@@ -22,7 +22,7 @@ import torch
 
 from minductor import config, metrics
 from minductor.codegen.common import py_index
-from minductor.codegen.cpp_rows import inner_vars
+from minductor.codegen.loop_shapes import inner_vars, reads_only_at
 from minductor.ir.layout import FixedLayout
 from minductor.ir.nodes import Buffer, ComputedBuffer, ExternKernelAlloc, ExternKernelOut, FallbackKernel
 from minductor.scheduler.deps import MemoryDep
@@ -148,21 +148,7 @@ def _reads_only_where_written(group: FusedGroup, writer_pos: int, name: str, n_o
     writes = [d for d in writer.read_writes.writes if d.name == writer.node.name]
     if len(writes) != 1 or not isinstance(writes[0], MemoryDep):
         return False
-    target = writes[0].index
-    writer_inner = inner_vars(writer, n_outer)
-    for pos, node in enumerate(group.nodes):
-        for dep in node.read_writes.reads:
-            if dep.name != name:
-                continue
-            if pos > writer_pos or not isinstance(dep, MemoryDep):
-                return False
-            inner = inner_vars(node, n_outer)
-            if [size for _, size in inner] != [size for _, size in writer_inner]:
-                return False
-            renamed = dep.index.xreplace({v: w for (v, _), (w, _) in zip(inner, writer_inner)})
-            if sympy.expand(renamed - target) != 0:
-                return False
-    return True
+    return reads_only_at(group, name, writes[0].index, inner_vars(writer, n_outer), n_outer, range(writer_pos + 1))
 
 
 def _stored_where_written(group: FusedGroup, writer_pos: int, name: str, n_outer: int) -> bool:
