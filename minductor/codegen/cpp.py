@@ -489,7 +489,7 @@ class CppKernel:
                 call_vars = ", ".join(loop_vars)
                 code.writeline(f"{fn}({ARGS_PLACEHOLDER}{', ' + call_vars if call_vars else ''});")
             prefetch_row_stores(blocks[0], shapes[0], shapes[1:], self.range_of)
-            if outer.variables and self.tile_var is None:
+            if outer.variables and self.tile_var is None and not self.indirect:  # (no computed index to repeat)
                 prefetch_next_rows(blocks, shapes, outer.variables[-1], self.range_of)
         for _ in range(opened):
             code._indent -= 1

@@ -1,18 +1,20 @@
 """Row scratch: an internal buffer a fused row kernel writes and reads back per outer iteration.
 
-Softmax computes ``exp(x - max)`` for a row, sums it and divides it by the sum; layer norm
-with a residual computes ``x + r``, reduces it and normalizes it. The value is read back only
-by the same outer iteration (row), at the element it was stored to, and by nothing outside
-the kernel. Stored in memory (in the output's storage, written over), every line of it is
-read for ownership first and the output can never take streaming stores, since the kernel
-reads it back. Kept instead in a row-sized array on the stack (``mi_row0[4096]``, L1), it
-never reaches memory, and the output becomes a plain store the kernel may stream.
+Softmax computes ``exp(x - max)`` for a row, sums it and divides it by the sum; a GELU
+feeding a layer norm is reduced to a mean and variance and then normalized. The value is read
+back only by the same outer iteration (row), at the element it was stored to, and by nothing
+outside the kernel. Stored in memory (in the output's storage, written over), every line of
+it is read for ownership first, and the output can never take streaming stores, since the
+kernel reads it back. Kept instead in a row-sized array on the stack (``mi_row0[4096]``, L1),
+it never reaches memory, and the output becomes a plain store the kernel may stream.
 
 ``fold_into_reductions`` then runs such a producer inside the next reduction loop over the
 same range: the exp is stored and summed in one pass instead of two. Hand kernels of softmax
 at 4096^2 on a 2-core Xeon VM, timed in alternation: written over the output 9.3-9.5 ms;
 row scratch, separate passes, streamed output 8.1 ms; the same with the sum in the exp loop
-6.6-6.9 ms (row scratch with the fold but ordinary stores: 9.8 ms, no gain by itself).
+6.6-6.9 ms (row scratch with the fold but ordinary stores: 9.8 ms, no gain by itself). The
+generated kernel, with the next-row prefetch of ``cpp_rewrites.prefetch_next_rows`` too,
+went from 9.1-9.5 to 4.7-5.4 ms in ``python -m minductor.bench softmax``.
 """
 from __future__ import annotations
 
