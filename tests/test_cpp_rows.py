@@ -14,11 +14,11 @@ import torch
 from minductor import config
 
 
-def compiled(fn, *args, tmp_path, dynamic: bool = False, **flags) -> str:
+def compiled(fn, *args, tmp_path, dynamic: bool = False, tol: float | None = None, **flags) -> str:
     torch._dynamo.reset()
     with config.patch(debug=True, debug_dir=str(tmp_path), **flags):
         got = torch.compile(fn, backend="minductor", dynamic=dynamic)(*args)
-    torch.testing.assert_close(got, fn(*args), equal_nan=True)
+    torch.testing.assert_close(got, fn(*args), equal_nan=True, rtol=tol, atol=tol)
     return "\n".join(p.read_text() for p in sorted(tmp_path.glob("graph_*/cpp_*.cpp")))
 
 
@@ -91,3 +91,51 @@ def test_a_row_scratch_read_by_two_later_loops(tmp_path) -> None:
         return e / s + (e * e).sum(-1, keepdim=True)
 
     assert "mi_row0" in compiled(f, x, tmp_path=tmp_path)
+
+
+def random_row_program(rng):
+    """A random chain of row-wise steps over one input that returns only its last value, so
+    the values in between are internal to the kernel: costly pointwise values read by a row
+    reduction and again later are the row scratch's candidates."""
+    steps = [(rng.choice(["unary", "reduce", "reduce", "mix"]), rng.random()) for _ in range(rng.randint(2, 6))]
+
+    def program(x):
+        first = x
+        for kind, p in steps:
+            if kind == "unary":
+                x = [torch.exp, torch.tanh, torch.sin, torch.sigmoid][int(p * 4)](x * 0.5)
+            elif kind == "reduce":
+                red = [lambda t: t.sum(-1, keepdim=True), lambda t: t.amax(-1, keepdim=True),
+                       lambda t: t.mean(-1, keepdim=True)][int(p * 3)](x)
+                x = x / (red.abs() + 1) if p < 0.5 else x - red
+            else:
+                x = x * first + 1
+        return x
+
+    return program
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_row_programs_match_eager(tmp_path, seed) -> None:
+    import random
+
+    rng = random.Random(seed)
+    program = random_row_program(rng)
+    x = torch.randn(rng.choice([3, 16]), rng.choice([7, 33, 128, 300]))
+    # (chains of exp and division amplify float32 rounding; the error is the same either way)
+    compiled(program, x, tmp_path=tmp_path, tol=1e-4)
+    compiled(program, x, tmp_path=tmp_path / "off", tol=1e-4, row_scratch=False)
+
+
+def test_random_row_programs_use_the_row_scratch(tmp_path) -> None:
+    """At least some of the random programs above take the row scratch path (else they would
+    test nothing new)."""
+    import random
+
+    used = 0
+    for seed in range(10):
+        rng = random.Random(seed)
+        program = random_row_program(rng)
+        x = torch.randn(rng.choice([3, 16]), rng.choice([7, 33, 128, 300]))
+        used += "mi_row0" in compiled(program, x, tmp_path=tmp_path / str(seed), tol=1e-4)
+    assert used >= 2, used
