@@ -33,7 +33,7 @@ from minductor.codegen.cpp_stream import (
     simd_loop,
     streamable_buffer,
 )
-from minductor.codegen.cpp_rows import fold_into_reductions, row_offset, row_scratch_buffers
+from minductor.codegen.cpp_rows import fold_into_reductions, register_results, row_offset, row_scratch_buffers
 from minductor.codegen.cpp_rewrites import LoopShape, hoist_inner_invariants, prefetch_next_rows, prefetch_row_stores
 from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
 from minductor.codegen.cpp_unit import ARGS_PLACEHOLDER, render_unit
@@ -329,31 +329,12 @@ class CppKernel:
             self.emit_split_rows(code, merged_outer, loops)
         else:
             if self.tile_var is None and len(loops) > 1:
-                self.local = {b: f"mi_local{i}" for i, b in enumerate(self._register_results(n_outer))}
+                self.local = {b: f"mi_local{i}" for i, b in enumerate(register_results(self.group, self.internal))}
                 rows = row_scratch_buffers(self.group, self.internal)
                 self.rows = {b: (f"mi_row{i}", numel) for i, (b, numel) in enumerate(rows.items())}
                 loops = fold_into_reductions(loops, rows)
             self.emit_outer(code, merged_outer, loops, parallel)
         return self.render(code)
-
-    def _register_results(self, n_outer: int) -> list[str]:
-        """Internal buffers holding one reduction result per outer iteration, read back only at
-        that same element by later loop blocks: a local per iteration replaces the buffer (no
-        allocation, no memory traffic), e.g. the row max and sum of a softmax."""
-        outer_vars = set(make_vars("x", n_outer))
-        found = []
-        for node in self.group.nodes:
-            name = node.node.name
-            if name not in self.internal or not node.is_reduction() or node.node.mutates:
-                continue
-            writes = [d for d in node.read_writes.writes if d.name == name]
-            if len(writes) != 1 or not isinstance(writes[0], MemoryDep) or not writes[0].index.free_symbols <= outer_vars:
-                continue
-            index = writes[0].index
-            reads = [d for n in self.group.nodes for d in n.read_writes.reads if d.name == name]
-            if all(isinstance(d, MemoryDep) and sympy.expand(d.index - index) == 0 for d in reads):
-                found.append(name)
-        return found
 
     def _splits_rows(self, outer: MergedDims, loops: list[Loop], parallel: bool) -> bool:
         """Whether an outer-lane reduction (``x.sum(0)``) splits its reduced range across the
@@ -470,33 +451,38 @@ class CppKernel:
             if pure_pointwise and n >= 2 and self.tile_var is None and isinstance(inner_size, sympy.Integer):
                 hoist_inner_invariants(self, code, start, str(outer.variables[-1]), int(inner_size))
         else:
-            # each loop block becomes its own function: GCC then vectorizes every block
-            # (inlined together, later blocks lose vectorization to jump threading)
-            loop_vars = [str(v) for v in outer.variables if v != self.tile_var]
-            loop_vars += ["mi_tile", "mi_count"] if self.tile_var is not None else []
-            kept = list(self.local.items()) + [(b, v) for b, (v, _) in self.rows.items()]
-            params = ", ".join([f"const int64_t {v}" for v in loop_vars]
-                               + [f"{CPP_STORAGE_TYPES[V.graph.get_dtype(b)]}* __restrict__ {v}" for b, v in kept])
-            loop_vars += [v for _, v in kept]
-            blocks, shapes = [], []
-            for loop in loops:
-                block = CodeBuffer()
-                self.emit_loop(block, outer, loop)
-                blocks.append(block)
-                shapes.append(self.loop_shape)
-                fn = f"{self.name}_loop{len(self.helpers)}"
-                self.helpers.append((fn, params, block))
-                call_vars = ", ".join(loop_vars)
-                code.writeline(f"{fn}({ARGS_PLACEHOLDER}{', ' + call_vars if call_vars else ''});")
-            prefetch_row_stores(blocks[0], shapes[0], shapes[1:], self.range_of)
-            if outer.variables and self.tile_var is None and not self.indirect:  # (no computed index to repeat)
-                prefetch_next_rows(blocks, shapes, outer.variables[-1], self.range_of)
+            self._emit_loop_functions(code, outer, loops)
         for _ in range(opened):
             code._indent -= 1
             code.writeline("}")
         self.may_stream, self.deferred_loop = False, None
         if self.streamed:
             fence_parallel_region(code.lines, start)
+
+    def _emit_loop_functions(self, code: CodeBuffer, outer: MergedDims, loops: list[Loop]) -> None:
+        """Each loop block of the outer iteration as its own function, called in order; the
+        locals and row scratch arrays it shares with the others passed as pointers."""
+        # a function per block: GCC then vectorizes every block (inlined together, later
+        # blocks lose vectorization to jump threading)
+        loop_vars = [str(v) for v in outer.variables if v != self.tile_var]
+        loop_vars += ["mi_tile", "mi_count"] if self.tile_var is not None else []
+        kept = list(self.local.items()) + [(b, v) for b, (v, _) in self.rows.items()]
+        params = ", ".join([f"const int64_t {v}" for v in loop_vars]
+                           + [f"{CPP_STORAGE_TYPES[V.graph.get_dtype(b)]}* __restrict__ {v}" for b, v in kept])
+        loop_vars += [v for _, v in kept]
+        blocks, shapes = [], []
+        for loop in loops:
+            block = CodeBuffer()
+            self.emit_loop(block, outer, loop)
+            blocks.append(block)
+            shapes.append(self.loop_shape)
+            fn = f"{self.name}_loop{len(self.helpers)}"
+            self.helpers.append((fn, params, block))
+            call_vars = ", ".join(loop_vars)
+            code.writeline(f"{fn}({ARGS_PLACEHOLDER}{', ' + call_vars if call_vars else ''});")
+        prefetch_row_stores(blocks[0], shapes[0], shapes[1:], self.range_of)
+        if outer.variables and self.tile_var is None and not self.indirect:  # (no computed index to repeat)
+            prefetch_next_rows(blocks, shapes, outer.variables[-1], self.range_of)
 
     def emit_loop(self, code: CodeBuffer, outer: MergedDims, loop: Loop, thread_chunk: bool = False) -> None:
         """Emit one loop block: prefix (accumulators), inner loop nest, suffix (stores).

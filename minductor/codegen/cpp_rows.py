@@ -1,4 +1,8 @@
-"""Row scratch: an internal buffer a fused row kernel writes and reads back per outer iteration.
+"""What a fused row kernel keeps off memory: per-row locals and row scratch arrays.
+
+A reduction result read back only by the same outer iteration (a softmax's row max and sum) is
+a one-element local (``register_results``). Row scratch: an internal buffer a fused row kernel
+writes and reads back per outer iteration.
 
 Softmax computes ``exp(x - max)`` for a row, sums it and divides it by the sum; a GELU
 feeding a layer norm is reduced to a mean and variance and then normalized. The value is read
@@ -77,6 +81,27 @@ def row_scratch_buffers(group: FusedGroup, internal: Iterable[str]) -> dict[str,
             continue
         if reads_only_at(group, name, index, inner, n_outer, range(pos + 1, len(group.nodes))):
             found[name] = numel
+    return found
+
+
+def register_results(group: FusedGroup, internal: Iterable[str]) -> list[str]:
+    """Internal buffers holding one reduction result per outer iteration, read back only at
+    that same element by later loop blocks: a local per iteration replaces the buffer (no
+    allocation, no memory traffic), e.g. the row max and sum of a softmax."""
+    outer_vars = set(make_vars("x", len(group.outer)))
+    internal = set(internal)
+    found = []
+    for node in group.nodes:
+        name = node.node.name
+        if name not in internal or not node.is_reduction() or node.node.mutates:
+            continue
+        writes = [d for d in node.read_writes.writes if d.name == name]
+        if len(writes) != 1 or not isinstance(writes[0], MemoryDep) or not writes[0].index.free_symbols <= outer_vars:
+            continue
+        index = writes[0].index
+        reads = [d for n in group.nodes for d in n.read_writes.reads if d.name == name]
+        if all(isinstance(d, MemoryDep) and sympy.expand(d.index - index) == 0 for d in reads):
+            found.append(name)
     return found
 
 
