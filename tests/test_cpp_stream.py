@@ -6,6 +6,7 @@ are compared with eager.
 """
 from __future__ import annotations
 
+import platform
 import subprocess
 
 import pytest
@@ -101,8 +102,8 @@ def test_streaming_stores_compile_to_non_temporal_instructions(tmp_path) -> None
     (source,) = code_dir.glob("graph_*/cpp_*.cpp")
     from minductor.runtime.cache import compiler_flags
 
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip(f"movntps is x86; on {platform.machine()} mi_stream_store is the plain-copy fallback")
     flags = [f for f in compiler_flags(config.cxx) if f not in ("-shared", "-fPIC")]
     asm = subprocess.run([config.cxx, *flags, "-S", str(source), "-o", "-"], capture_output=True, text=True, check=True).stdout
-    if not any(isa in asm for isa in ("zmm", "ymm", "xmm")):
-        pytest.skip("no x86 vector registers in the assembly: the plain-copy fallback is used")
     assert "movntps" in asm

@@ -33,14 +33,13 @@ from minductor.codegen.cpp_stream import (
     simd_loop,
     streamable_buffer,
 )
-from minductor.codegen.cpp_rows import fold_into_reductions, register_results, row_offset, row_scratch_buffers
+from minductor.codegen.cpp_rows import fold_into_reductions, register_results, row_offset
 from minductor.codegen.cpp_rewrites import LoopShape, hoist_inner_invariants, prefetch_next_rows, prefetch_row_stores
+from minductor.codegen.cpp_split_rows import THREADS_LINE, emit_split_rows, splits_rows
 from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
 from minductor.codegen.cpp_unit import ARGS_PLACEHOLDER, render_unit
 from minductor.codegen.loop_shapes import (
     ROW_GROUP,
-    SPLIT_ROWS_MIN,
-    SPLIT_ROWS_TILE,
     Loop,
     MergedDims,
     in_store_order,
@@ -62,7 +61,6 @@ PARALLEL_THRESHOLD = 32768
 FLAT_CHUNK = 4096  # elements per chunk of a flat loop whose output streams
 # the threads a kernel that keeps per-thread partials runs on
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
-THREADS_LINE = "const int mi_nt = omp_get_max_threads() < MI_MAX_THREADS ? omp_get_max_threads() : MI_MAX_THREADS;"
 
 
 def kernel_name(group: FusedGroup, index: int) -> str:
@@ -111,6 +109,7 @@ class CppKernel:
         self.internal: frozenset[str] = frozenset()  # written here, read nowhere else (wrapper)
         self.written_over: dict[str, str] = {}  # output -> dying input whose storage it takes (wrapper)
         self.local: dict[str, str] = {}  # of those, kept in a per-iteration local: name -> C++ name
+        self.row_candidates: dict[str, int] = {}  # of those, what may live in a row scratch (row_scratch_buffers)
         self.rows: dict[str, tuple[str, int]] = {}  # of those, kept in a row scratch: name -> (array, elements)
 
     # -- handler callbacks ---------------------------------------------------------------
@@ -325,72 +324,15 @@ class CppKernel:
             self.outer_lanes = outer_lane_width(V.graph.sizevars.hint(merged_outer.sizes[-1]), torch.get_num_threads(), other)
         if n_outer == 0 and only_reductions and parallel:
             self.emit_parallel_reduction(code, loops[0])
-        elif self._splits_rows(merged_outer, loops, parallel):
-            self.emit_split_rows(code, merged_outer, loops)
+        elif splits_rows(self, merged_outer, loops, parallel):
+            emit_split_rows(self, code, merged_outer, loops)
         else:
             if self.tile_var is None and len(loops) > 1:
                 self.local = {b: f"mi_local{i}" for i, b in enumerate(register_results(self.group, self.internal))}
-                rows = row_scratch_buffers(self.group, self.internal)
-                self.rows = {b: (f"mi_row{i}", numel) for i, (b, numel) in enumerate(rows.items())}
-                loops = fold_into_reductions(loops, rows)
+                self.rows = {b: (f"mi_row{i}", numel) for i, (b, numel) in enumerate(self.row_candidates.items())}
+                loops = fold_into_reductions(loops, self.rows)
             self.emit_outer(code, merged_outer, loops, parallel)
         return self.render(code)
-
-    def _splits_rows(self, outer: MergedDims, loops: list[Loop], parallel: bool) -> bool:
-        """Whether an outer-lane reduction (``x.sum(0)``) splits its reduced range across the
-        threads instead of its columns: each thread then streams whole rows of one contiguous
-        block of memory instead of a tile's short run per row (4 KB runs 16 KB apart: amax(0)
-        of 4096x4096 2.4 -> 1.65 ms on a Zen 5 VM)."""
-        if self.tile_var is None or not parallel or len(outer.variables) != 1:
-            return False
-        first, *rest = loops
-        if not all(n.is_reduction() for n in first.nodes) or any(lp.red or lp.pw_inner for lp in rest):
-            return False  # reductions first; then at most per-column epilogues (var's division)
-        return len(first.red) == 1 and V.graph.sizevars.hint(first.red[0]) >= SPLIT_ROWS_MIN
-
-    def emit_split_rows(self, code: CodeBuffer, outer: MergedDims, loops: list[Loop]) -> None:
-        """Each thread reduces a chunk of the rows into per-thread partials of every column
-        (tiles of ``SPLIT_ROWS_TILE`` columns); the partials then combine in thread order, so the
-        result is deterministic, and the stores run over the columns, then any epilogue."""
-        loop, *epilogues = loops
-        (var, size), = zip(outer.variables, outer.sizes)
-        self.range_of[var] = size
-        width = cpp_index(size)
-        self.split_rows = True
-        self.outer_lanes = min(SPLIT_ROWS_TILE, V.graph.sizevars.hint(size))
-        block = CodeBuffer()
-        block._indent = code._indent + 2  # inside the block and the parallel region below
-        block.writeline(f"for (int64_t mi_tile = 0; mi_tile < {width}; mi_tile += {self.outer_lanes})")
-        block.writeline("{")
-        with block.indent(open_brace=False):
-            block.writeline(f"const int64_t mi_count = mi_min_i64({self.outer_lanes}, {width} - mi_tile);")
-            self.emit_loop(block, outer, loop)
-        block.writeline("}")
-        code.writeline("{")
-        with code.indent(open_brace=False):
-            code.writeline(THREADS_LINE)
-            for acc, acc_type, _, _ in self.accumulators:
-                code.writeline(f"{acc_type}* {acc}_partial = new {acc_type}[mi_nt * {width}];")
-            code.writeline("#pragma omp parallel num_threads(mi_nt)")
-            code.writeline("{")
-            with code.indent(open_brace=False):
-                code.writeline("const int64_t mi_tid = omp_get_thread_num(), mi_nthr = omp_get_num_threads();")
-                code.lines.extend(block.lines)
-            code.writeline("}")
-            code.writeline(f"for (int64_t {var} = 0; {var} < {width}; {var}++)")
-            with code.indent():
-                self._combine_partials(code, lambda acc, t: f"{acc}_partial[{t} * {width} + {var}]")
-                code.splice(self.suffix)
-            for acc, *_ in self.accumulators:
-                code.writeline(f"delete[] {acc}_partial;")
-            if epilogues:
-                code.writeline(f"for (int64_t mi_tile = 0; mi_tile < {width}; mi_tile += {self.outer_lanes})")
-                with code.indent():
-                    code.writeline(f"const int64_t mi_count = mi_min_i64({self.outer_lanes}, {width} - mi_tile);")
-                    self.split_rows = False
-                    for epilogue in epilogues:
-                        self.emit_loop(code, outer, epilogue)
-        code.writeline("}")
 
     def emit_outer(self, code: CodeBuffer, outer: MergedDims, loops: list[Loop], parallel: bool) -> None:
         n = len(outer.variables)
@@ -797,11 +739,11 @@ class CppKernel:
                 code.writeline(f"const int64_t mi_end = mi_min_i64({numel}, mi_begin + mi_chunk);")
                 code.lines.extend(block.lines)
             code.writeline("}")
-            self._combine_partials(code, lambda acc, t: f"{acc}_partial[{t}]")
+            self.combine_partials(code, lambda acc, t: f"{acc}_partial[{t}]")
             code.splice(self.suffix)
         code.writeline("}")
 
-    def _combine_partials(self, code: CodeBuffer, partial: Callable[[str, str], str]) -> None:
+    def combine_partials(self, code: CodeBuffer, partial: Callable[[str, str], str]) -> None:
         """Each accumulator from its per-thread partials (``partial(acc, thread)``), combined
         in thread order: the result does not depend on timing."""
         for acc, acc_type, _, combine in self.accumulators:

@@ -40,11 +40,12 @@ def uses_triton(group: FusedGroup) -> bool:
 
 
 def codegen_kernel(group: FusedGroup, index: int, internal: frozenset[str] = frozenset(),
-                   written_over: dict[str, str] | None = None) -> KernelCode:
+                   written_over: dict[str, str] | None = None, row_scratch: dict[str, int] | None = None) -> KernelCode:
     """Generate one fused group with the backend its device calls for. ``internal``: buffers
     this group writes that nothing else reads; the C++ kernel may keep them in locals (the
     returned ``KernelCode.local_buffers``), and then they are never allocated. ``written_over``:
-    outputs the C++ kernel stores into a dying input's storage (``plan_written_over``)."""
+    outputs the C++ kernel stores into a dying input's storage (``plan_written_over``).
+    ``row_scratch``: internal buffers it may keep in a row scratch (``row_scratch_buffers``)."""
     if uses_triton(group):
         try:
             from minductor.codegen.triton import codegen_triton_kernel
@@ -57,6 +58,7 @@ def codegen_kernel(group: FusedGroup, index: int, internal: frozenset[str] = fro
     kernel = CppScanKernel(group, name) if group.has_scan() else CppKernel(group, name)
     kernel.internal = internal
     kernel.written_over = dict(written_over or {})
+    kernel.row_candidates = dict(row_scratch or {})
     source = kernel.generate()
     call_args = [f"c_void_p({buf}.data_ptr())" for buf, _, _ in kernel.args.call_order()]
     call_args += [f"c_int64({s})" for s in kernel.size_args]
@@ -134,9 +136,10 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
     internal = {i: _internal_buffers(unit, i, last_use, outputs | set(graph.constants))
                 for i, unit in enumerate(scheduler.units) if isinstance(unit, FusedGroup) and i not in templates}
     # what a C++ kernel may keep in a row scratch is no storage to write over
-    rows = set().union(*(row_scratch_buffers(scheduler.units[i], names) for i, names in internal.items()
-                         if not uses_triton(scheduler.units[i])))
-    written_over = {i: over for i, over in plan_written_over(graph, scheduler.units, last_use, outputs, rows).items()
+    rows = {i: row_scratch_buffers(scheduler.units[i], names) for i, names in internal.items()
+            if not uses_triton(scheduler.units[i])}
+    in_rows = set().union(*rows.values())
+    written_over = {i: over for i, over in plan_written_over(graph, scheduler.units, last_use, outputs, in_rows).items()
                     if i not in templates and not uses_triton(scheduler.units[i])}
     # kernels first: a C++ kernel may keep a group-internal buffer in a local, which is then
     # never allocated
@@ -149,7 +152,7 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
                 kernel_of[i] = codegen_template(templates[i], len(kernels))
                 kernels.append(kernel_of[i])
         elif isinstance(unit, FusedGroup):
-            kernel_of[i] = codegen_kernel(unit, len(kernels), internal[i], written_over.get(i))
+            kernel_of[i] = codegen_kernel(unit, len(kernels), internal[i], written_over.get(i), rows.get(i))
             kernels.append(kernel_of[i])
     local = set().union(*(k.local_buffers for k in kernels))
     plans = plan_memory(graph, scheduler.units, last_use, outputs, slots, local, written_over)
