@@ -27,7 +27,10 @@ def compiled_code(fn, *args, tmp_path) -> str:
 def test_transposed_operands_are_staged(tmp_path, monkeypatch, gathers: bool) -> None:
     monkeypatch.setattr(cpp_tiles, "gathers_enabled", lambda cxx: gathers)
     code = compiled_code(lambda x, y: x.t() + y, torch.randn(200, 131), torch.randn(131, 200), tmp_path=tmp_path / "a")
-    assert "mi_t0 += 16" in code and "mi_t1 += 1024" in code and "mi_transpose16(" in code  # 16-row strips, full blocks in registers
+    rows, cols = cpp_tiles.staged_tile_shape(200, 131, 4, 1, torch.get_num_threads())  # (eager: x.t()'s layout)
+    # whole tiles staged, full blocks in registers
+    assert f"mi_t0 += {rows})" in code and f"mi_t1 += {cols})" in code and "mi_transpose16(" in code
+    assert f"float mi_stage0[{rows}][{cols}];" in code
     code = compiled_code(lambda x, y: x.transpose(1, 2) * y + x.transpose(1, 2).exp(),
                          torch.randn(3, 150, 133), torch.randn(3, 133, 150), tmp_path=tmp_path / "b")
     assert "mi_stage0" in code and "mi_stage1" not in code  # one staged block serves both reads
@@ -44,6 +47,30 @@ def test_transposed_operands_are_staged(tmp_path, monkeypatch, gathers: bool) ->
     code = compiled_code(lambda x, h, y: y + x.t() + h.t(), torch.randn(150, 140), torch.randn(150, 140).half(),
                          torch.randn(140, 150), tmp_path=tmp_path / "m")
     assert "mi_transpose16(" in code and code.count("alignas(64)") == (1 if gathers else 2)
+
+
+def test_staged_tile_shape() -> None:
+    """STAGED_ROWS x STAGED_COLS on large inputs; smaller when the stages would exceed
+    STAGE_BYTES or there would be fewer than four tiles per thread; always multiples of 16."""
+    assert cpp_tiles.staged_tile_shape(4096, 4096, 4, 1, 2) == (256, 128)
+    assert cpp_tiles.staged_tile_shape(4096, 4096, 16, 1, 2) == (128, 128)  # four float stages
+    for rows, cols, lead, threads in [(131, 200, 1, 2), (150, 133, 3, 2), (128, 128, 1, 8), (5000, 130, 1, 2)]:
+        r, c = cpp_tiles.staged_tile_shape(rows, cols, 4, lead, threads)
+        assert r % 16 == 0 and c % 16 == 0 and r * c * 4 <= 256 * 1024
+        assert lead * -(-rows // r) * -(-cols // c) >= 4 * threads or (r, c) == (16, 16)
+
+
+@pytest.mark.parametrize("shape", [(129, 131), (300, 257), (1000, 140), (140, 1000), (4, 150, 170)])
+def test_staged_tiles_match_eager(shape) -> None:
+    """Full and partial tiles and blocks, leading dims, two transposed operands, 4-byte ints."""
+    torch._dynamo.reset()
+    x, y = torch.randn(shape), torch.randn(shape)
+    fn = lambda x, y: x.transpose(-1, -2) * 2 + y.transpose(-1, -2).contiguous().transpose(-1, -2).transpose(-1, -2).exp()
+    torch.testing.assert_close(torch.compile(fn, backend="minductor")(x, y), fn(x, y))
+    g = lambda a, b: a.transpose(-1, -2) + b
+    a = torch.randint(-99, 99, shape, dtype=torch.int32)
+    b = torch.randint(-99, 99, shape[:-2] + shape[-2:][::-1], dtype=torch.int32)
+    torch.testing.assert_close(torch.compile(g, backend="minductor")(a, b), g(a, b))
 
 
 def test_masked_transposed_reads_are_not_staged(tmp_path, monkeypatch) -> None:

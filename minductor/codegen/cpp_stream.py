@@ -7,8 +7,8 @@ and a row sum reading the result right after still came out ahead (9.6 -> 7.5 ms
 below the consumer then misses the cache the ordinary store would have hit, so only outputs of
 ``config.stream_store_min_bytes`` or more stream. Kernels that load through computed indices
 keep ordinary stores: the suite's embedding lookup ran 2.2-2.9 ms with them and 5.6-6.2 ms
-streaming (index_select 4.6-6.3 -> 11.2-12.5 ms), and so do the tiles of a transpose
-(x.t() + y at 4096^2: 17.5-18.5 -> 20.3-21.7 ms).
+streaming (index_select 4.6-6.3 -> 11.2-12.5 ms). The rows of a transpose's staged tiles
+stream (x.t() + y at 4096^2 in 256x128 tiles: 12.8-13.3 -> 5.2-5.9 ms).
 
 The innermost loop over ``var`` in ``[lo, hi)`` becomes three: a head up to the first 64-byte
 boundary of the output, whole lines of 16 floats (the body computes a line into a local array,

@@ -1,8 +1,10 @@
 """2-D tiles for pointwise kernels that read a buffer transposed (``x.t() + y``): loops over
-tiles of the two innermost dims, and the transposed operand staged per 16x16 block (a register
-transpose for 4-byte values) so the inner loop reads it contiguously."""
+tiles of the two innermost dims, and the transposed operand staged for a whole tile (register
+transposes of 16x16 blocks for 4-byte values) so the inner loop reads it contiguously."""
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import TYPE_CHECKING
 
 import sympy
@@ -11,7 +13,8 @@ import torch
 from minductor import config
 from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index
 from minductor.codegen.cpp_ops import CppOps
-from minductor.codegen.loop_shapes import STAGED_TILE_COLS, TILE, Loop, MergedDims
+from minductor.codegen.cpp_stream import emit_streamed_loop, fence_parallel_region, simd_loop
+from minductor.codegen.loop_shapes import STAGE_BYTES, STAGED_COLS, STAGED_ROWS, TILE, Loop, MergedDims
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.runtime.cache import gathers_enabled
 from minductor.scheduler.deps import MemoryDep
@@ -59,15 +62,11 @@ def _store_contiguous_along(outer: MergedDims, var: sympy.Symbol, loop: Loop) ->
 
 
 def emit_tiled_2d(kernel: CppKernel, code: CodeBuffer, outer: MergedDims, loop: Loop, parallel: bool) -> None:
-    """Pointwise over ``TILE x TILE`` blocks of the two innermost dims (cache blocking);
-    ``SUB x STAGED_TILE_COLS`` strips when a transposed operand is staged."""
+    """Pointwise over ``TILE x TILE`` blocks of the two innermost dims (cache blocking), or
+    over whole staged tiles when a transposed operand is staged (``_emit_staged_tiles``)."""
     *lead, second, inner = list(zip(outer.variables, outer.sizes))
     for var, size in zip(outer.variables, outer.sizes):
         kernel.range_of[var] = size
-    if parallel:
-        code.writeline(f"#pragma omp parallel for schedule(static) collapse({len(lead) + 2})")
-    for var, size in lead:
-        code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
     (v2, s2), (v1, s1) = second, inner
     if _store_contiguous_along(outer, v2, loop):
         (v2, s2), (v1, s1) = (v1, s1), (v2, s2)  # vectorize along the stores, gather the loads
@@ -79,55 +78,100 @@ def emit_tiled_2d(kernel: CppKernel, code: CodeBuffer, outer: MergedDims, loop: 
         for node in loop.nodes:
             node.run(make_vars("x", len(kernel.group.outer)), [])
     stage, kernel.stage = kernel.stage, None
-    # staged tiles are walked in SUB x SUB blocks
-    rows, cols = (stage.SUB, STAGED_TILE_COLS) if stage.fills else (TILE, TILE)
-    loops = [f"for (int64_t mi_t0 = 0; mi_t0 < {cpp_index(s2)}; mi_t0 += {rows})",
-             f"for (int64_t mi_t1 = 0; mi_t1 < {cpp_index(s1)}; mi_t1 += {cols})"]
-    # staged strips go down the rows of one column band: consecutive strips then read the next
-    # line of the same rows of the transposed operand, a forward walk in each of its pages
-    for line in reversed(loops) if stage.fills else loops:
-        code.writeline(line)
+    start = len(code.lines)
+    if parallel:
+        code.writeline(f"#pragma omp parallel for schedule(static) collapse({len(lead) + 2})")
+    for var, size in lead:
+        code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
+    if stage.fills:
+        lead_count = math.prod(V.graph.sizevars.hint(size) for _, size in lead)
+        _emit_staged_tiles(kernel, code, stage, lead_count)
+        if kernel.streamed:
+            fence_parallel_region(code.lines, start)
+        return
+    code.writeline(f"for (int64_t mi_t0 = 0; mi_t0 < {cpp_index(s2)}; mi_t0 += {TILE})")
+    code.writeline(f"for (int64_t mi_t1 = 0; mi_t1 < {cpp_index(s1)}; mi_t1 += {TILE})")
     code.writeline("{")
     with code.indent(open_brace=False):
-        step, lo0, lo1 = (stage.SUB, "mi_s0", "mi_s1") if stage.fills else (TILE, "mi_t0", "mi_t1")
-        if stage.fills:
-            code.writeline("int64_t mi_s0 = mi_t0;")
-            code.writeline(f"for (int64_t mi_s1 = mi_t1; mi_s1 < mi_min_i64(mi_t1 + {cols}, {cpp_index(s1)}); mi_s1 += {step})")
-            code.writeline("{")
-            code._indent += 1
-            stage.emit_fills(code)
-        code.writeline(f"for (int64_t {v2} = {lo0}; {v2} < mi_min_i64({lo0} + {step}, {cpp_index(s2)}); {v2}++)")
+        code.writeline(f"for (int64_t {v2} = mi_t0; {v2} < mi_min_i64(mi_t0 + {TILE}, {cpp_index(s2)}); {v2}++)")
         code.writeline("{")
         with code.indent(open_brace=False):
-            code.writeline("#pragma omp simd")
-            code.writeline(f"for (int64_t {v1} = {lo1}; {v1} < mi_min_i64({lo1} + {step}, {cpp_index(s1)}); {v1}++)")
-            with code.indent():
-                code.splice(kernel.body)
+            simd_loop(code, v1, "mi_t1", f"mi_min_i64(mi_t1 + {TILE}, {cpp_index(s1)})", kernel.body.lines)
         code.writeline("}")
-        if stage.fills:
-            code._indent -= 1
-            code.writeline("}")
     code.writeline("}")
+
+
+def staged_tile_shape(rows: int, cols: int, stage_bytes: int, lead_count: int, threads: int) -> tuple[int, int]:
+    """The tile of a ``rows x cols`` iteration space (times ``lead_count``) whose transposed
+    operands take ``stage_bytes`` per element: STAGED_ROWS x STAGED_COLS, halved while the
+    stages exceed STAGE_BYTES or there are fewer than four tiles per thread; multiples of 16."""
+    def up16(n: int) -> int:
+        return -(-n // 16) * 16
+
+    r, c = min(STAGED_ROWS, up16(rows)), min(STAGED_COLS, up16(cols))
+    while r > 16 and r * c * stage_bytes > STAGE_BYTES:
+        r = up16(r // 2)
+    while lead_count * -(-rows // r) * -(-cols // c) < 4 * threads and max(r, c) > 16:
+        r, c = (up16(r // 2), c) if r >= c else (r, up16(c // 2))
+    return r, c
+
+
+def _emit_staged_tiles(kernel: CppKernel, code: CodeBuffer, stage: StagedTile, lead_count: int) -> None:
+    """Each tile stages its transposed operands whole (``StagedTile.emit_fills``), then runs
+    its rows, the innermost loop along ``v1`` streaming its output where it may."""
+    hint = V.graph.sizevars.hint
+    rows, cols = staged_tile_shape(hint(stage.s2), hint(stage.s1), sum(f.itemsize for f in stage.fills),
+                                   lead_count, torch.get_num_threads())
+    stage.rows, stage.cols = rows, cols
+    code.writeline(f"for (int64_t mi_t0 = 0; mi_t0 < {cpp_index(stage.s2)}; mi_t0 += {rows})")
+    code.writeline(f"for (int64_t mi_t1 = 0; mi_t1 < {cpp_index(stage.s1)}; mi_t1 += {cols})")
+    code.writeline("{")
+    with code.indent(open_brace=False):
+        code.writeline(f"const int64_t mi_rows = mi_min_i64({rows}, {cpp_index(stage.s2)} - mi_t0);")
+        code.writeline(f"const int64_t mi_cols = mi_min_i64({cols}, {cpp_index(stage.s1)} - mi_t1);")
+        stage.emit_fills(code)
+        v1, v2 = stage.v1, stage.v2
+        code.writeline(f"for (int64_t {v2} = mi_t0; {v2} < mi_t0 + mi_rows; {v2}++)")
+        code.writeline("{")
+        with code.indent(open_brace=False):
+            kernel.may_stream = not kernel.scatters
+            store = kernel._stream_store(v1, sympy.Integer(cols))
+            kernel.may_stream = False
+            if store is None:
+                simd_loop(code, v1, "mi_t1", "mi_t1 + mi_cols", kernel.body.lines)
+            else:
+                emit_streamed_loop(code, v1, "mi_t1", "mi_t1 + mi_cols", kernel.body.lines, store, kernel.range_of)
+                kernel.streamed = True
+        code.writeline("}")
+    code.writeline("}")
+
+
+@dataclasses.dataclass
+class StageFill:
+    name: str  # the local array
+    ctype: str
+    itemsize: int
+    source: str  # the operand's element at (mi_t1 + mi_a, mi_t0 + mi_b)
+    stride: str | None  # 4-byte values: the source's row stride, for register transposes
 
 
 class StagedTile:
     """Loads of a 2-D tile that are contiguous along the tile's outer variable ``v2`` while the
-    inner loop runs along ``v1`` (the transposed operand of ``x.t() + y``). The tile is walked
-    in ``SUB x SUB`` blocks; each such load is first copied into a local block, reading rows of
-    the source contiguously, so the inner loop reads the block contiguously instead of loading
-    with a stride. A full block of 4-byte values is transposed in registers
-    (``mi_transpose16``): x.t() + y at 4096 ran 19.3 ms with strided (gather) loads, 14.1 ms
-    staged by a scalar copy, 5.5 ms so (a STREAM add of the same bytes: 4.6 ms). Other dtypes
-    are staged by a scalar copy, and only where the compiler emits no gathers."""
+    inner loop runs along ``v1`` (the transposed operand of ``x.t() + y``). Each such operand is
+    copied into a local array for the whole tile first, reading rows of the source
+    contiguously, so the inner loop reads it contiguously instead of loading with a stride.
+    Full 16x16 blocks of 4-byte values are transposed in registers (``mi_transpose16``): x.t()
+    + y at 4096 ran 19.3 ms with strided (gather) loads, 14.1 ms staged by a scalar copy, 5.5 ms
+    so (16x16 stages then; a STREAM add of the same bytes: 4.6 ms). Other dtypes are staged by
+    a scalar copy, and only where the compiler emits no gathers."""
 
-    SUB = 16
     MAX_STAGES = 4
 
     def __init__(self, v1: sympy.Symbol, s1: Expr, v2: sympy.Symbol, s2: Expr, gathers: bool) -> None:
         self.v1, self.s1, self.v2, self.s2, self.gathers = v1, s1, v2, s2, gathers
-        # (block name, storage type, source access, register-transpose statement or None)
-        self.fills: list[tuple[str, str, str, str | None]] = []
+        self.fills: list[StageFill] = []
         self.by_access: dict[str, str] = {}
+        self.rows, self.cols = 0, 0  # the tile, once chosen (the arrays' extents)
 
     def maybe_stage(self, kernel: CppKernel, arg: str, dtype: torch.dtype, index: Expr) -> str | None:
         expr = simplify_index(sympy.expand(sympy.sympify(index).xreplace(kernel.substitution)), kernel.range_of)
@@ -138,45 +182,50 @@ class StagedTile:
         if self.gathers and not fast:
             return None
         a, b = index_symbol("mi_a"), index_symbol("mi_b")
-        s0, s1 = index_symbol("mi_s0"), index_symbol("mi_s1")
-        source = f"{arg}[{cpp_index(expr.xreplace({self.v1: s1 + a, self.v2: s0 + b}))}]"
+        t0, t1 = index_symbol("mi_t0"), index_symbol("mi_t1")
+        source = f"{arg}[{cpp_index(expr.xreplace({self.v1: t1 + a, self.v2: t0 + b}))}]"
         if source not in self.by_access:
             if len(self.fills) >= self.MAX_STAGES:
                 return None
             name = f"mi_stage{len(self.fills)}"
             self.by_access[source] = name
-            corner = f"{arg}[{cpp_index(expr.xreplace({self.v1: s1, self.v2: s0}))}]"
-            fast_fill = f"mi_transpose16(&{corner}, {cpp_index(coeffs[self.v1])}, &{name}[0][0]);" if fast else None
-            self.fills.append((name, CPP_STORAGE_TYPES[dtype], source, fast_fill))
-        return f"{self.by_access[source]}[{self.v2} - mi_s0][{self.v1} - mi_s1]"
+            stride = cpp_index(coeffs[self.v1]) if fast else None
+            self.fills.append(StageFill(name, CPP_STORAGE_TYPES[dtype], dtype.itemsize, source, stride))
+        return f"{self.by_access[source]}[{self.v2} - mi_t0][{self.v1} - mi_t1]"
 
     def emit_fills(self, code: CodeBuffer) -> None:
-        """Declare and fill the blocks of sub-block ``(mi_s0, mi_s1)``."""
-        sub = self.SUB
-        for name, ctype, _, _ in self.fills:
-            code.writeline(f"alignas(64) {ctype} {name}[{sub}][{sub}];")
-        fast = [f for f in self.fills if f[3] is not None]
+        """Declare and fill the arrays of tile ``(mi_t0, mi_t1)``: ``mi_rows x mi_cols`` values."""
+        for fill in self.fills:
+            code.writeline(f"alignas(64) {fill.ctype} {fill.name}[{self.rows}][{self.cols}];")
+        fast = [f for f in self.fills if f.stride is not None]
         if fast:
-            code.writeline(f"if (mi_s0 + {sub} <= {cpp_index(self.s2)} && mi_s1 + {sub} <= {cpp_index(self.s1)})")
+            code.writeline("for (int64_t mi_a0 = 0; mi_a0 < mi_cols; mi_a0 += 16)")
+            code.writeline("for (int64_t mi_b0 = 0; mi_b0 < mi_rows; mi_b0 += 16)")
             code.writeline("{")
             with code.indent(open_brace=False):
-                for *_, fast_fill in fast:
-                    code.writeline(fast_fill)
+                code.writeline("if (mi_a0 + 16 <= mi_cols && mi_b0 + 16 <= mi_rows)")
+                code.writeline("{")
+                with code.indent(open_brace=False):
+                    code.writeline("const int64_t mi_a = mi_a0, mi_b = mi_b0;")
+                    for fill in fast:
+                        code.writeline(f"mi_transpose16(&{fill.source}, {fill.stride}, &{fill.name}[mi_b][mi_a], {self.cols});")
+                code.writeline("}")
+                code.writeline("else")
+                self._emit_copy(code, fast, "mi_a0", "mi_min_i64(mi_a0 + 16, mi_cols)", "mi_b0", "mi_min_i64(mi_b0 + 16, mi_rows)")
             code.writeline("}")
-            code.writeline("else")
-            self._emit_copy(code, fast)
-        slow = [f for f in self.fills if f[3] is None]
+        slow = [f for f in self.fills if f.stride is None]
         if slow:
-            self._emit_copy(code, slow)
+            self._emit_copy(code, slow, "0", "mi_cols", "0", "mi_rows")
 
-    def _emit_copy(self, code: CodeBuffer, fills: list[tuple[str, str, str, str | None]]) -> None:
-        sub = self.SUB
-        code.writeline(f"for (int64_t mi_a = 0; mi_a < mi_min_i64({sub}, {cpp_index(self.s1)} - mi_s1); mi_a++)")
+    @staticmethod
+    def _emit_copy(code: CodeBuffer, fills: list[StageFill], a_lo: str, a_hi: str, b_lo: str, b_hi: str) -> None:
+        """Element copies, reading the source along ``mi_b`` (its contiguous dim)."""
+        code.writeline(f"for (int64_t mi_a = {a_lo}; mi_a < {a_hi}; mi_a++)")
         code.writeline("{")
         with code.indent(open_brace=False):
             code.writeline("#pragma omp simd")
-            code.writeline(f"for (int64_t mi_b = 0; mi_b < mi_min_i64({sub}, {cpp_index(self.s2)} - mi_s0); mi_b++)")
+            code.writeline(f"for (int64_t mi_b = {b_lo}; mi_b < {b_hi}; mi_b++)")
             with code.indent():
-                for name, _, source, _ in fills:
-                    code.writeline(f"{name}[mi_b][mi_a] = {source};")
+                for fill in fills:
+                    code.writeline(f"{fill.name}[mi_b][mi_a] = {fill.source};")
         code.writeline("}")

@@ -34,14 +34,17 @@ OUTER_LANE_WIDTHS = (1024, 256, 64)
 # edge of the 2-D tiles used when a pointwise kernel reads a transposed buffer (x.t() + y at 4096:
 # 64 -> 20.3 ms, 32 -> 28.5 ms with gathers on an AVX-512 Xeon)
 TILE = 64
-# with the transposed operand staged by a register transpose, a tile is one 16-row strip
-# (a staged block's height) STAGED_TILE_COLS wide, and strips go down a band of columns: the
-# contiguous operands are then 16 streams of 4 KB runs the hardware prefetcher follows, where
-# square 128x128 tiles made 384 short ones, and each row of the transposed operand is read
-# forward a line per strip (x.t() + y at 4096 on a Xeon, family 6 model 207: 128x128 tiles
-# 36.6-40.0 ms, 32x256 37.6-44.7, 16x256 row-major 18.6-20.6, 16x1024 down columns 17.4-17.6,
-# 16x256/512/2048 down columns 18.3/17.6/17.9; 1024^2: 0.65 -> 0.34 ms)
-STAGED_TILE_COLS = 1024
+# with the transposed operand staged by a register transpose, a tile of STAGED_ROWS x
+# STAGED_COLS (rows along the operand's contiguous dim) is staged whole before its rows are
+# computed: the operand is then read in runs of STAGED_ROWS values per row and the others in
+# runs of STAGED_COLS, and each row of the tile streams its output (x.t() + y at 4096 on a Xeon,
+# family 6 model 207, streamed: 16x1024 strips of 16x16 blocks 17.1-18.1 ms (12 streamed),
+# whole tiles 64x64 9.5-10.1, 128x128 6.4-7.4, 256x256 6.0-6.1, 256x128 5.2-5.9, 512x128
+# 5.8-6.9, 1024x64 7.1-7.4; 256x128 with ordinary stores 12.8-13.3; torch.add(out=) 6.5-8.2)
+STAGED_ROWS = 256
+STAGED_COLS = 128
+# the stages of one tile together, on the thread's stack
+STAGE_BYTES = 256 * 1024
 
 
 @dataclasses.dataclass

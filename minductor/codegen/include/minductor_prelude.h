@@ -466,7 +466,7 @@ static inline void mi_index_error(const char* kernel, int64_t index, int64_t siz
     __builtin_trap();
 }
 
-// Transpose a 16x16 block of 4-byte values: dst[b][a] = src[a * stride + b]. Staging a
+// Transpose a 16x16 block of 4-byte values: dst[b * dstride + a] = src[a * stride + b]. Staging a
 // transposed operand this way instead of loading it with a 16 KB stride made x.t() + y at 4096
 // ~3x faster. Written with GCC's vector extension at the target's vector width: without
 // AVX-512 a 64-byte shuffle is split into scalar moves (700 of them), so AVX2 and older
@@ -476,7 +476,7 @@ static inline void mi_index_error(const char* kernel, int64_t index, int64_t siz
 typedef uint32_t mi_u32x16 __attribute__((vector_size(64)));
 // sixteen row loads, four rounds of two-input shuffles (32-bit pairs, 64-bit pairs, 128-bit and
 // 256-bit blocks; vpermt2ps), sixteen row stores
-template <typename T> MI_MATH void mi_transpose16(const T* __restrict__ src, int64_t stride, T* __restrict__ dst) {
+template <typename T> MI_MATH void mi_transpose16(const T* __restrict__ src, int64_t stride, T* __restrict__ dst, int64_t dstride) {
     static_assert(sizeof(T) == 4, "mi_transpose16 moves 4-byte values");
     mi_u32x16 r[16], t[16], u[16];
     for (int i = 0; i < 16; i++) __builtin_memcpy(&r[i], src + i * stride, 64);
@@ -500,13 +500,13 @@ template <typename T> MI_MATH void mi_transpose16(const T* __restrict__ src, int
         r[4 + m] = MI_SHUF(o0, o1, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
         r[12 + m] = MI_SHUF(o0, o1, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
     }
-    for (int i = 0; i < 16; i++) __builtin_memcpy(dst + i * 16, &r[i], 64);
+    for (int i = 0; i < 16; i++) __builtin_memcpy(dst + i * dstride, &r[i], 64);
 }
 #else
 typedef uint32_t mi_u32x8 __attribute__((vector_size(32)));
-// dst[b * 16 + a] = src[a * stride + b] for an 8x8 block: unpack 32-bit pairs, shuffle 64-bit
+// dst[b * dstride + a] = src[a * stride + b] for an 8x8 block: unpack 32-bit pairs, shuffle 64-bit
 // pairs, swap 128-bit halves (vunpcklps/vshufps/vperm2f128)
-template <typename T> MI_MATH void mi_transpose8(const T* __restrict__ src, int64_t stride, T* __restrict__ dst) {
+template <typename T> MI_MATH void mi_transpose8(const T* __restrict__ src, int64_t stride, T* __restrict__ dst, int64_t dstride) {
     mi_u32x8 r[8], t[8], u[8];
     for (int i = 0; i < 8; i++) __builtin_memcpy(&r[i], src + i * stride, 32);
     for (int k = 0; k < 4; k++) {
@@ -523,12 +523,12 @@ template <typename T> MI_MATH void mi_transpose8(const T* __restrict__ src, int6
         r[m] = MI_SHUF(u[m], u[4 + m], 0, 1, 2, 3, 8, 9, 10, 11);
         r[4 + m] = MI_SHUF(u[m], u[4 + m], 4, 5, 6, 7, 12, 13, 14, 15);
     }
-    for (int i = 0; i < 8; i++) __builtin_memcpy(dst + i * 16, &r[i], 32);
+    for (int i = 0; i < 8; i++) __builtin_memcpy(dst + i * dstride, &r[i], 32);
 }
-template <typename T> MI_MATH void mi_transpose16(const T* __restrict__ src, int64_t stride, T* __restrict__ dst) {
+template <typename T> MI_MATH void mi_transpose16(const T* __restrict__ src, int64_t stride, T* __restrict__ dst, int64_t dstride) {
     static_assert(sizeof(T) == 4, "mi_transpose16 moves 4-byte values");
     for (int a = 0; a < 16; a += 8)
-        for (int b = 0; b < 16; b += 8) mi_transpose8(src + a * stride + b, stride, dst + b * 16 + a);
+        for (int b = 0; b < 16; b += 8) mi_transpose8(src + a * stride + b, stride, dst + b * dstride + a, dstride);
 }
 #endif
 #undef MI_SHUF
