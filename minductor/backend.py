@@ -25,6 +25,7 @@ from torch._dynamo import disable
 from torch._dynamo.backends.common import flatten_graph_inputs
 from torch._functorch.aot_autograd import aot_module_simplified
 
+from minductor import direct_call
 from minductor.partition import partition
 
 aten = torch.ops.aten
@@ -87,7 +88,11 @@ def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]
     def compile_fn(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         from minductor.graph import compile_graph
 
-        return compile_graph(gm, example_inputs, kind)
+        graph = compile_graph(gm, example_inputs, kind)
+        if kind == "inference":
+            graph.direct_arity = direct_call.wrapper_free_arity(example_inputs)
+        direct_call.note(graph)
+        return graph
 
     return compile_fn
 
@@ -139,7 +144,7 @@ def minductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs:
 
     cache = config.aot_cache and not config.debug  # a debug run dumps every stage: no cache hit
     fw, bw, inference = _compilers(cache)
-    with aot_cache.settings() if cache else contextlib.nullcontext():
+    with aot_cache.settings() if cache else contextlib.nullcontext(), direct_call.collecting() as graphs:
         compiled = aot_module_simplified(
             gm, example_inputs,
             fw_compiler=fw,
@@ -149,4 +154,6 @@ def minductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs:
             partition_fn=partition,
             keep_inference_input_mutations=True,  # copy_ into inputs is lowered in the graph
         )
-    return disable(compiled, reason="minductor's compiled graph")
+    # (Dynamo's output graph wraps what we return in its own disable(); a second one cost
+    # 33 us a call after a kernel that streamed 64 MB)
+    return direct_call.direct_callable(gm, graphs, example_inputs) or compiled

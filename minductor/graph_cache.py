@@ -36,7 +36,7 @@ import torch
 from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
 from torch._inductor.output_code import OutputCode
 
-from minductor import config, metrics
+from minductor import config, direct_call, metrics
 
 FORMAT = 2
 # flags that change where things go or how fast, never what is generated
@@ -81,6 +81,9 @@ class CompiledGraph(OutputCode):
     entry: CachedGraph | None
     constants: dict[str, Any]
     not_cached: str = ""
+    # inference graphs: the argument count when AOTAutograd's runtime wrapper would add
+    # nothing around the graph, so Dynamo may call it directly (direct_call.py)
+    direct_arity: int | None = None
 
     @classmethod
     def uncached(cls, kind: str, call: Callable[[list[Any]], Any], reason: str) -> CompiledGraph:
@@ -104,6 +107,7 @@ class CompiledGraph(OutputCode):
         if self.call is None:
             assert self.entry is not None
             self.call = self.entry.load(self.constants)
+        direct_call.note(self)
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         pass  # Triton kernels are in the entry's source

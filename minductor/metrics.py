@@ -20,13 +20,16 @@ cache_misses: int = 0
 # Buffers the generated wrappers allocate, and allocations served by a freed buffer instead.
 buffers_allocated: int = 0
 buffers_reused: int = 0
+# Inference graphs handed to Dynamo without AOTAutograd's runtime wrapper (direct_call.py).
+direct_graphs: int = 0
 
 
 def reset() -> None:
     """Zero every counter; Counter objects are cleared in place so references stay valid."""
     global graphs_compiled, generated_kernel_count, cache_hits, cache_misses, buffers_allocated, buffers_reused
-    global graph_cache_hits
+    global graph_cache_hits, direct_graphs
     graphs_compiled = 0
+    direct_graphs = 0
     graph_cache_hits = 0
     generated_kernel_count = 0
     cache_hits = 0
