@@ -24,6 +24,7 @@ from minductor.codegen.common import (
     KernelArgs,
     cpp_index,
 )
+from minductor.codegen.cpp_calls import batchable_calls, buffer_dtypes, emit_batched_loop, may_batch
 from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
 from minductor.codegen.cpp_stream import (
     StreamStore,
@@ -344,13 +345,15 @@ class CppKernel:
         self.may_stream = self.tile_var is None and not self.scatters
         # a pure pointwise nest whose output may stream leaves its innermost loop to
         # _emit_pointwise_nest; a flat one then loops over chunks of FLAT_CHUNK elements
-        defer = pure_pointwise and n >= 1 and self.may_stream and (n > 1 or parallel) and self._streamable_writes()
+        # (so does one whose calls may run in batches, cpp_calls.py)
+        streams = self.may_stream and (n > 1 or parallel) and self._streamable_writes()
+        defer = pure_pointwise and n >= 1 and (streams or may_batch(self._origins(), buffer_dtypes(self)))
         opened = 0
         for i, (var, size) in enumerate(zip(outer.variables, outer.sizes)):
             self.range_of[var] = size
             innermost = i == n - 1
             if defer and innermost:
-                if n == 1:
+                if n == 1 and parallel:
                     code.writeline("#pragma omp parallel for schedule(static)")
                     code.writeline(f"for (int64_t mi_chunk = 0; mi_chunk < {cpp_index(size)}; mi_chunk += {FLAT_CHUNK})")
                     code.writeline("{")
@@ -582,6 +585,9 @@ class CppKernel:
                     code.writeline("}")
         code.writeline("}")
 
+    def _origins(self) -> set[str]:
+        return set().union(*(n.node.origins for n in self.group.nodes))
+
     def _read_names(self) -> set[str]:
         return set().union(*(n.read_writes.read_names() for n in self.group.nodes))
 
@@ -617,10 +623,13 @@ class CppKernel:
             code.writeline("{")
             code._indent += 1
         store = self._stream_store(var, length)
-        if store is None:
+        calls = batchable_calls(self.body.lines, buffer_dtypes(self))
+        if store is None and calls:
+            emit_batched_loop(code, var, lo, hi, self.body.lines, calls)
+        elif store is None:
             simd_loop(code, var, lo, hi, self.body.lines)
         else:
-            emit_streamed_loop(code, var, lo, hi, self.body.lines, store, self.range_of)
+            emit_streamed_loop(code, var, lo, hi, self.body.lines, store, self.range_of, calls)
             self.streamed = True
         for _ in dims.variables[:-1]:
             code._indent -= 1

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable, Sequence
 
 import sympy
 import torch
 
 from minductor import config
 from minductor.codegen.common import CodeBuffer, cpp_index
+from minductor.codegen.cpp_calls import BATCH, emit_call_block
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
 from minductor.virtualized import V
 
@@ -71,8 +73,9 @@ def pick_stream_store(stores: list[tuple[str, str, Expr]], body: list[str], var:
 
 
 def emit_streamed_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, body: list[str],
-                       store: StreamStore, range_of: dict[sympy.Symbol, Expr]) -> None:
-    """``for var in [lo, hi): body`` with ``store`` written a line at a time by streaming stores."""
+                       store: StreamStore, range_of: dict[sympy.Symbol, Expr], calls: Sequence[int] = ()) -> None:
+    """``for var in [lo, hi): body`` with ``store`` written a line at a time by streaming stores;
+    with ``calls`` (``cpp_calls.batchable_calls``), whole lines run in batches first."""
     def at(value: str) -> str:
         expr = sympy.expand(store.index.xreplace({var: index_symbol(value)}))
         return cpp_index(simplify_index(expr, range_of))
@@ -86,7 +89,11 @@ def emit_streamed_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, bo
         code.writeline(f"const int64_t mi_head = mi_min_i64(mi_hi, mi_lo + mi_stream_head(&{store.arg}[{at('mi_lo')}]));")
         code.writeline(f"const int64_t mi_lines_end = mi_head + (mi_hi - mi_head) / {LINE} * {LINE};")
         simd_loop(code, var, "mi_lo", "mi_head", body)
-        code.writeline(f"for (int64_t mi_line_at = mi_head; mi_line_at < mi_lines_end; mi_line_at += {LINE})")
+        lines_from = "mi_head"
+        if calls:
+            _emit_batched_lines(code, var, line_body, list(calls), store, at)
+            lines_from = "mi_batches_end"
+        code.writeline(f"for (int64_t mi_line_at = {lines_from}; mi_line_at < mi_lines_end; mi_line_at += {LINE})")
         with code.indent():
             code.writeline(f"alignas(64) float mi_line[{LINE}];")
             code.writeline("#pragma omp simd")
@@ -97,6 +104,27 @@ def emit_streamed_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, bo
                     code.writeline(line)
             code.writeline(f"mi_stream_store(&{store.arg}[{at('mi_line_at')}], mi_line);")
         simd_loop(code, var, "mi_lines_end", "mi_hi", body)
+    code.writeline("}")
+
+
+def _emit_batched_lines(code: CodeBuffer, var: sympy.Symbol, line_body: list[str], calls: list[int],
+                        store: StreamStore, at: Callable[[str], str]) -> None:
+    """Lines from ``mi_head`` to ``mi_batches_end`` in blocks of ``BATCH`` (cpp_calls.py)."""
+    code.writeline(f"const int64_t mi_batches_end = mi_head + (mi_lines_end - mi_head) / {BATCH} * {BATCH};")
+    code.writeline(f"for (int64_t mi_line_at = mi_head; mi_line_at < mi_batches_end; mi_line_at += {BATCH})")
+    code.writeline("{")
+    with code.indent(open_brace=False):
+        first, rest = emit_call_block(code, line_body, calls, "mi_lane")
+        code.writeline(f"alignas(64) float mi_line[{BATCH}];")
+        for lines in (first, rest):
+            code.writeline("#pragma omp simd")
+            code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {BATCH}; mi_lane++)")
+            with code.indent():
+                code.writeline(f"const int64_t {var} = mi_line_at + mi_lane;")
+                for line in lines:
+                    code.writeline(line)
+        code.writeline(f"for (int64_t mi_k = 0; mi_k < {BATCH}; mi_k += {LINE}) "
+                       f"mi_stream_store(&{store.arg}[{at('mi_line_at')}] + mi_k, mi_line + mi_k);")
     code.writeline("}")
 
 

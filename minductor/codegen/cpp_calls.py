@@ -1,0 +1,98 @@
+"""Out-of-line vector math calls made in batches, apart from the inline math around them.
+
+With libmvec, float32 sin and cos in an ``omp simd`` loop are calls (``_ZGVeN16v_sinf``), and
+the vector function ABI lets a call clobber every vector register: the inline math after it
+(an exp's dozen constants) is reloaded after every call, once per vector. Over an L1 array,
+``exp(sin(x))`` took 0.749 ns per element against 0.255 + 0.254 for its two parts. So a
+pointwise loop whose body makes such a call and also does inline math runs in blocks of
+``BATCH`` elements: a first loop makes the block's calls into local arrays, a second runs the
+body with each call replaced by a read of its array. ``((x.sin() + 1) * 2).exp().relu() - y``
+at 4096^2 on a Xeon (family 6 model 207), generated kernel via ctypes, interleaved: 14.2-15.0
+ms -> 12.2-12.3 ms in blocks of 64 (32: 12.9-13.2, 128: 12.9-13.2).
+"""
+from __future__ import annotations
+
+import re
+
+import sympy
+import torch
+
+from minductor import config
+from minductor.codegen.common import CodeBuffer
+from minductor.runtime.cache import libmvec_installed
+from minductor.virtualized import V
+
+BATCH = 64
+_CALL = re.compile(r"auto (tmp\d+) = (mi_sin|mi_cos)\((tmp\d+)\);$")
+# inline math whose constants a call would evict
+_INLINE_MATH = re.compile(r"\bmi_(exp|expm1|log|log1p|log2|tanh|erf|sigmoid|pow|rsqrt|sqrt)\(")
+_STORE = re.compile(r"[A-Za-z_]\w*\[.*\] = .*;$")
+_DEFINES = re.compile(r"auto (tmp\d+) = ")
+_TMP = re.compile(r"\btmp\d+\b")
+
+
+def may_batch(origins: set[str], buffer_dtypes: set[torch.dtype]) -> bool:
+    """Whether a kernel of these ops and buffers may make calls in batches: it computes a sin
+    or cos, libmvec makes them calls, and every buffer is float32 (so are the calls' values)."""
+    return bool(origins & {"sin", "cos"}) and buffer_dtypes == {torch.float32} and config.libmvec \
+        and libmvec_installed(config.cxx)
+
+
+def batchable_calls(body: list[str], buffer_dtypes: set[torch.dtype]) -> list[int]:
+    """Indices of ``body``'s lines to make in batches: its sin/cos calls, when ``may_batch``,
+    the body is straight-line definitions and stores, and it does inline math besides."""
+    if not may_batch({"sin"}, buffer_dtypes):
+        return []
+    lines = [line.strip() for line in body]
+    if not all(line.startswith("auto ") or _STORE.match(line) for line in lines):
+        return []
+    calls = [i for i, line in enumerate(lines) if _CALL.match(line)]
+    others = [line for i, line in enumerate(lines) if i not in calls]
+    if not calls or not any(_INLINE_MATH.search(line) for line in others):
+        return []
+    return calls
+
+
+def emit_call_block(code: CodeBuffer, body: list[str], calls: list[int], lane: str) -> tuple[list[str], list[str]]:
+    """Declare a block's call arrays; returns the lines of the loop that fills them at ``lane``
+    (the element's offset in the block) and ``body`` with the calls read from them."""
+    first: list[str] = []
+    rest = list(body)
+    for n, i in enumerate(calls):
+        name = _CALL.match(body[i].strip()).group(1)
+        code.writeline(f"alignas(64) float mi_call{n}[{BATCH}];")
+        rest[i] = f"auto {name} = mi_call{n}[{lane}];"
+    needed: set[str] = set()
+    for i in range(max(calls), -1, -1):  # the calls and the definitions their arguments need
+        line = body[i].strip()
+        defined = _DEFINES.match(line)
+        if i in calls:
+            first.append(f"mi_call{calls.index(i)}[{lane}] = {defined.group(1)};")
+        elif defined is None or defined.group(1) not in needed:
+            continue
+        first.append(body[i])
+        needed |= set(_TMP.findall(line[defined.end():]))
+    return first[::-1], rest
+
+
+def emit_batched_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, body: list[str], calls: list[int]) -> None:
+    """``for var in [lo, hi): body`` in blocks of BATCH, the calls of each block made first."""
+    code.writeline(f"for (int64_t mi_blk = {lo}; mi_blk < {hi}; mi_blk += {BATCH})")
+    code.writeline("{")
+    with code.indent(open_brace=False):
+        code.writeline(f"const int64_t mi_blk_end = mi_min_i64(mi_blk + {BATCH}, {hi});")
+        first, rest = emit_call_block(code, body, calls, f"{var} - mi_blk")
+        for lines in (first, rest):
+            code.writeline("#pragma omp simd")
+            code.writeline(f"for (int64_t {var} = mi_blk; {var} < mi_blk_end; {var}++)")
+            with code.indent():
+                for line in lines:
+                    code.writeline(line)
+    code.writeline("}")
+
+
+def buffer_dtypes(kernel: object) -> set[torch.dtype]:
+    """The dtypes of every buffer a kernel's group reads or writes."""
+    names = set().union(*(n.read_writes.read_names() | {d.name for d in n.read_writes.writes}
+                          for n in kernel.group.nodes))  # type: ignore[attr-defined]
+    return {V.graph.get_dtype(name) for name in names}

@@ -1,0 +1,50 @@
+"""sin/cos calls made in batches apart from the inline math around them (codegen/cpp_calls.py):
+results match eager, NaN, inf and huge arguments included, in plain, streamed and tiny
+loops, with sizes that leave partial blocks and partial lines."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minductor import config
+from minductor.runtime.cache import libmvec_installed
+
+needs_libmvec = pytest.mark.skipif(not (config.libmvec and libmvec_installed(config.cxx)),
+                                   reason="sin/cos are calls only with glibc's libmvec (x86-64 Linux)")
+
+
+def compiled_code(fn, *args, tmp_path, min_bytes: int = 1 << 24) -> str:
+    torch._dynamo.reset()
+    with config.patch(debug=True, debug_dir=str(tmp_path), stream_store_min_bytes=min_bytes):
+        got = torch.compile(fn, backend="minductor")(*args)
+    torch.testing.assert_close(got, fn(*args), equal_nan=True)
+    return "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_*.cpp"))
+
+
+def special(shape) -> torch.Tensor:
+    x = torch.randn(shape) * 4
+    flat = x.view(-1)
+    flat[:6] = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e30, -3e8, 0.0])
+    return x
+
+
+@needs_libmvec
+@pytest.mark.parametrize("shape", [(7,), (100, 37), (300, 129), (3, 50, 70), (70000,)])
+@pytest.mark.parametrize("min_bytes", [1, 1 << 24], ids=["streamed", "plain"])
+def test_batched_calls_match_eager(tmp_path, shape, min_bytes) -> None:
+    x, y = special(shape), torch.randn(shape)
+    code = compiled_code(lambda x, y: ((x.sin() + 1) * 2).exp().relu() - y, x, y, tmp_path=tmp_path / "a", min_bytes=min_bytes)
+    assert "mi_call0[" in code
+    # two calls, one nested in the other's argument chain, and inline math between
+    code = compiled_code(lambda x: x.cos().tanh() * (x * 2).sin().cos() + x.sin().sigmoid(), x,
+                         tmp_path=tmp_path / "b", min_bytes=min_bytes)
+    assert "mi_call2[" in code
+
+
+@needs_libmvec
+def test_what_makes_no_batches(tmp_path) -> None:
+    x = torch.randn(100, 37)
+    # a call and no other math; other dtypes; a reduction
+    assert "mi_call0" not in compiled_code(lambda x: x.sin() * 2 + 1, x, tmp_path=tmp_path / "a")
+    assert "mi_call0" not in compiled_code(lambda x: (x.sin() * 2).exp(), x.double(), tmp_path=tmp_path / "b")
+    assert "mi_call0" not in compiled_code(lambda x: x.sin().exp().sum(-1), x, tmp_path=tmp_path / "c")
