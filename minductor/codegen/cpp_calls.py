@@ -31,17 +31,23 @@ _DEFINES = re.compile(r"auto (tmp\d+) = ")
 _TMP = re.compile(r"\btmp\d+\b")
 
 
+def _float_calls(buffer_dtypes: set[torch.dtype]) -> bool:
+    """Whether sin/cos are libmvec calls on float32 values: every buffer is float32, and
+    libmvec is in use."""
+    return buffer_dtypes == {torch.float32} and config.libmvec and libmvec_installed(config.cxx)
+
+
 def may_batch(origins: set[str], buffer_dtypes: set[torch.dtype]) -> bool:
-    """Whether a kernel of these ops and buffers may make calls in batches: it computes a sin
-    or cos, libmvec makes them calls, and every buffer is float32 (so are the calls' values)."""
-    return bool(origins & {"sin", "cos"}) and buffer_dtypes == {torch.float32} and config.libmvec \
-        and libmvec_installed(config.cxx)
+    """Whether a kernel of these ops and buffers may make calls in batches (before its body
+    exists: emit_outer then leaves the innermost loop to the pointwise nest)."""
+    return bool(origins & {"sin", "cos"}) and _float_calls(buffer_dtypes)
 
 
 def batchable_calls(body: list[str], buffer_dtypes: set[torch.dtype]) -> list[int]:
-    """Indices of ``body``'s lines to make in batches: its sin/cos calls, when ``may_batch``,
-    the body is straight-line definitions and stores, and it does inline math besides."""
-    if not may_batch({"sin"}, buffer_dtypes):
+    """Indices of ``body``'s lines to make in batches: its sin/cos calls, when they are float
+    libmvec calls, the body is straight-line definitions and stores, and it does inline math
+    besides."""
+    if not _float_calls(buffer_dtypes):
         return []
     lines = [line.strip() for line in body]
     if not all(line.startswith("auto ") or _STORE.match(line) for line in lines):

@@ -176,7 +176,8 @@ class StagedTile:
     def maybe_stage(self, kernel: CppKernel, arg: str, dtype: torch.dtype, index: Expr) -> str | None:
         expr = simplify_index(sympy.expand(sympy.sympify(index).xreplace(kernel.substitution)), kernel.range_of)
         coeffs = affine_coeffs(expr, [self.v1, self.v2])
-        if coeffs is None or coeffs[self.v2] != 1 or coeffs[self.v1] == 1:
+        # (constant along v1, a per-row value: read as is, the compiler broadcasts it)
+        if coeffs is None or coeffs[self.v2] != 1 or coeffs[self.v1] in (0, 1):
             return None
         fast = dtype.itemsize == 4 and dtype != torch.bool
         if self.gathers and not fast:
