@@ -34,7 +34,8 @@ def test_transposed_operands_are_staged(tmp_path, monkeypatch, gathers: bool) ->
     code = compiled_code(lambda x, y: x.transpose(1, 2) * y + x.transpose(1, 2).exp(),
                          torch.randn(3, 150, 133), torch.randn(3, 133, 150), tmp_path=tmp_path / "b")
     assert "mi_stage0" in code and "mi_stage1" not in code  # one staged block serves both reads
-    code = compiled_code(lambda x, b: x.t() * b[:, None], torch.randn(200, 150), torch.randn(150), tmp_path=tmp_path / "r")
+    code = compiled_code(lambda y, x, b: y + x.t() * b[:, None], torch.randn(150, 200), torch.randn(200, 150),
+                         torch.randn(150), tmp_path=tmp_path / "r")
     assert "mi_stage0" in code and "mi_stage1" not in code  # a per-row value is read as is, not staged
     code = compiled_code(lambda x, y: x.t() * 3 + y, torch.randint(-9, 9, (160, 144), dtype=torch.int32),
                          torch.randint(-9, 9, (144, 160), dtype=torch.int32), tmp_path=tmp_path / "i")
