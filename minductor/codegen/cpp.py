@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
@@ -62,6 +62,20 @@ PARALLEL_THRESHOLD = 32768
 FLAT_CHUNK = 4096  # elements per chunk of a flat loop whose output streams
 # the threads a kernel that keeps per-thread partials runs on
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
+
+
+# a pure pointwise nest whose innermost loop runs at most SMALL_INNER iterations (RGB channels
+# last) vectorizes its second-innermost loop instead, the innermost one unrolled, in parallel
+# chunks of SMALL_INNER_CHUNK: NCHW -> NHWC of a (2, 3, 256, 256) input ran 135-169 us with the
+# 3-long loop vectorized and 31 us so (eager: 245-297 us) on a Xeon (family 6 model 207)
+SMALL_INNER = 8
+SMALL_INNER_CHUNK = 1024
+
+
+def _vectorizes_outside(sizes: Sequence[Expr]) -> bool:
+    """Whether a pure pointwise nest of these sizes vectorizes its second-innermost loop."""
+    inner, second = sizes[-1], sizes[-2]
+    return isinstance(inner, sympy.Integer) and int(inner) <= SMALL_INNER and V.graph.sizevars.hint(second) >= 4 * int(inner)
 
 
 def kernel_name(group: FusedGroup, index: int) -> str:
@@ -347,7 +361,8 @@ class CppKernel:
         # _emit_pointwise_nest; a flat one then loops over chunks of FLAT_CHUNK elements
         # (so does one whose calls may run in batches, cpp_calls.py)
         streams = self.may_stream and (n > 1 or parallel) and self._streamable_writes()
-        defer = pure_pointwise and n >= 1 and (streams or may_batch(self._origins(), buffer_dtypes(self)))
+        small_inner = pure_pointwise and n >= 2 and self.tile_var is None and _vectorizes_outside(outer.sizes)
+        defer = pure_pointwise and n >= 1 and not small_inner and (streams or may_batch(self._origins(), buffer_dtypes(self)))
         opened = 0
         for i, (var, size) in enumerate(zip(outer.variables, outer.sizes)):
             self.range_of[var] = size
@@ -371,7 +386,22 @@ class CppKernel:
                     collapse = n - 1 if pure_pointwise else n
                     if collapse >= 1:
                         code.writeline(f"#pragma omp parallel for schedule(static){f' collapse({collapse})' if collapse > 1 else ''}")
-            if innermost and pure_pointwise and not (parallel and n == 1):
+            if small_inner and i == n - 2:
+                # the second-innermost loop vectorizes, over chunks when the nest is parallel
+                lo, hi = "0", cpp_index(size)
+                if parallel:
+                    code.writeline(f"for (int64_t mi_chunk = 0; mi_chunk < {hi}; mi_chunk += {SMALL_INNER_CHUNK})")
+                    code.writeline("{")
+                    code._indent += 1
+                    opened += 1
+                    lo, hi = "mi_chunk", f"mi_min_i64(mi_chunk + {SMALL_INNER_CHUNK}, {hi})"
+                code.writeline("#pragma omp simd")
+                code.writeline(f"for (int64_t {var} = {lo}; {var} < {hi}; {var}++)")
+                code.writeline("{")
+                code._indent += 1
+                opened += 1
+                continue
+            if innermost and pure_pointwise and not (parallel and n == 1) and not small_inner:
                 code.writeline("#pragma omp simd")
             if var == self.tile_var:
                 code.writeline(f"for (int64_t mi_tile = 0; mi_tile < {cpp_index(size)}; mi_tile += {self.outer_lanes})")
