@@ -179,11 +179,16 @@ def test_planner_refuses_a_store_before_a_later_loop_reads_the_row() -> None:
         assert groups[0] not in plan_written_over(graph, scheduler.units, scheduler.last_use, outputs)
 
 
-def test_gelu_then_layer_norm_stores_gelu_once_and_reduces_it_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("two_pass", [True, False], ids=["two_pass", "welford"])
+def test_gelu_then_layer_norm_stores_gelu_once_and_reduces_it_once(tmp_path: Path, monkeypatch, two_pass: bool) -> None:
     """GELU feeding a layer norm: the GELU (an erf) is stored once (in a row scratch, by the
-    mean/variance loop itself) and read back by the normalizing loop, which stores over the
-    matmul result; the mean and m2 come from ONE welford accumulator (a store elsewhere in the
-    kernel must not make the two readers' loads look different)."""
+    first loop along the row, the mean's sum or Welford's) and read back by the later loops,
+    the normalizing one storing over the matmul result; with Welford the mean and m2 come from
+    ONE accumulator (a store elsewhere in the kernel must not make the two readers' loads look
+    different)."""
+    from minductor.lowering import reduction
+
+    monkeypatch.setattr(reduction, "TWO_PASS_MAX", 16384 if two_pass else 0)
     x, w, b = torch.randn(64, 32), torch.randn(32, 128), torch.randn(128)
     lw, lb = torch.randn(128), torch.randn(128)
     # the mean and rstd are outputs too (as a training forward saves them): stored after the loop
@@ -191,7 +196,7 @@ def test_gelu_then_layer_norm_stores_gelu_once_and_reduces_it_once(tmp_path: Pat
                     tmp_path=tmp_path, rtol=1e-4, atol=1e-4)
     kernel = code.split("def call(args):")[0]
     loops = re.findall(r"MI_LOOP_FN void \w+\(.*?\n}\n}", kernel, flags=re.S)
-    assert len(loops) == 3 and sum("mi_erf(" in loop for loop in loops) == 1, kernel  # no recomputed erf
+    assert len(loops) == (4 if two_pass else 3) and sum("mi_erf(" in loop for loop in loops) == 1, kernel  # no recomputed erf
     assert "mi_row0" in kernel
-    assert len(set(re.findall(r"(tmp_acc\d+)_mean\[", kernel))) == 1, kernel
+    assert len(set(re.findall(r"(tmp_acc\d+)_mean\[", kernel))) == (0 if two_pass else 1), kernel
     assert _in_place(code), code

@@ -186,14 +186,35 @@ def all_(x: TensorBox, dims: Any = None, keepdim: bool = False) -> TensorBox:
     return logical_not(any_(logical_not(x), dims, keepdim))
 
 
+# float32/float64 rows (trailing dims) of at most TWO_PASS_MAX elements (a known count) take the mean and the
+# sum of squared deviations from it in two sum reductions over the row, which the scheduler fuses
+# into one row kernel (like softmax's max and sum) that reads the row back from cache; Welford's
+# update chains a subtract and a multiply-add per element. On a Xeon (family 6 model 207),
+# generated kernels via ctypes, interleaved: layer_norm of 1024x256 63-69 -> 35-40 us (eager
+# 75-96), of 4096x4096 3.87-3.92 -> 3.56-3.88 ms. The variance is closer to float64's too:
+# x.var(1) of 64x300 values around 1e4 was off by 3.6e-4 with Welford, 1.7e-6 so. Longer rows
+# and columns (read twice from memory), symbolic counts and half types (the mean would round)
+# keep Welford
+TWO_PASS_MAX = 16384
+
+
 def _welford(x: TensorBox, dims: Any, keepdim: bool) -> tuple[TensorBox, TensorBox, Expr]:
+    """The mean, the sum of squared deviations from it (m2) and the count of ``x`` over ``dims``."""
     dtype = x.get_dtype()
     if not dtype.is_floating_point:
         raise Unsupported("var of an integer tensor")
+    size = x.get_size()
+    reduced = _dims(dims, len(size))
+    count = sympy.Mul(*[size[d] for d in reduced]) if size else sympy.Integer(1)
+    trailing = reduced == list(range(len(size) - len(reduced), len(size)))  # rows, not columns
+    if dtype in (torch.float32, torch.float64) and trailing and count.is_Integer and 1 < int(count) <= TWO_PASS_MAX:
+        mean_kept = div(make_reduction(x, dims, True, "sum", dtype), float(count))
+        deviation = sub(x, mean_kept)
+        m2 = make_reduction(mul(deviation, deviation), dims, keepdim, "sum", dtype)
+        mean_ = mean_kept if keepdim else view(mean_kept, [size[i] for i in range(len(size)) if i not in reduced])
+        return mean_, m2, count
     mean_ = make_reduction(x, dims, keepdim, "welford_reduce", dtype, output_index=0)
     m2 = make_reduction(x, dims, keepdim, "welford_reduce", dtype, output_index=1)
-    size = x.get_size()
-    count = sympy.Mul(*[size[d] for d in _dims(dims, len(size))]) if size else sympy.Integer(1)
     return mean_, m2, count
 
 
