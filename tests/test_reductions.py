@@ -134,7 +134,7 @@ def test_var_welford_large_offset() -> None:
     torch.testing.assert_close(out.double(), x.double().var(1), rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("shape", [(64, 300), (3, 16384)], ids=["short_rows", "longest_two_pass"])
+@pytest.mark.parametrize("shape", [(64, 300), (3, 2048)], ids=["short_rows", "longest_two_pass"])
 def test_two_pass_variance_is_close_to_float64(shape) -> None:
     """Rows of at most TWO_PASS_MAX take the mean, then the squared deviations from it: with a
     large common offset the variance stays within 1e-4 of float64's (Welford's running mean

@@ -186,16 +186,16 @@ def all_(x: TensorBox, dims: Any = None, keepdim: bool = False) -> TensorBox:
     return logical_not(any_(logical_not(x), dims, keepdim))
 
 
-# float32/float64 rows (trailing dims) of at most TWO_PASS_MAX elements (a known count) take the mean and the
-# sum of squared deviations from it in two sum reductions over the row, which the scheduler fuses
-# into one row kernel (like softmax's max and sum) that reads the row back from cache; Welford's
+# float32/float64 rows (trailing dims) of at most TWO_PASS_MAX elements (a known count) take the
+# mean, then the sum of squared deviations from it: two sum reductions the scheduler fuses into
+# one row kernel (like softmax's max and sum) that reads the row back from cache, where Welford's
 # update chains a subtract and a multiply-add per element. On a Xeon (family 6 model 207),
 # generated kernels via ctypes, interleaved: layer_norm of 1024x256 63-69 -> 35-40 us (eager
-# 75-96), of 4096x4096 3.87-3.92 -> 3.56-3.88 ms. The variance is closer to float64's too:
-# x.var(1) of 64x300 values around 1e4 was off by 3.6e-4 with Welford, 1.7e-6 so. Longer rows
-# and columns (read twice from memory), symbolic counts and half types (the mean would round)
-# keep Welford
-TWO_PASS_MAX = 16384
+# 75-96). The variance is closer to float64's too: x.var(1) of 64x300 values around 1e4 was off
+# by 3.6e-4 with Welford, 1.7e-6 so. A third pass over long rows costs more than the chain:
+# layer_norm(x + r) of 4096x4096 ran 6.4-6.9 ms with Welford, 7.9-8.4 so. Longer rows, columns
+# (read twice from memory), symbolic counts and half types (the mean would round) keep Welford.
+TWO_PASS_MAX = 2048
 
 
 def _welford(x: TensorBox, dims: Any, keepdim: bool) -> tuple[TensorBox, TensorBox, Expr]:
