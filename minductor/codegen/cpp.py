@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import sympy
@@ -41,6 +41,7 @@ from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tile
 from minductor.codegen.cpp_unit import ARGS_PLACEHOLDER, render_unit
 from minductor.codegen.loop_shapes import (
     ROW_GROUP,
+    SMALL_INNER_CHUNK,
     Loop,
     MergedDims,
     in_store_order,
@@ -49,6 +50,7 @@ from minductor.codegen.loop_shapes import (
     linear_index,
     merge_dims,
     outer_lane_width,
+    vectorizes_outside,
 )
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.scheduler.deps import MemoryDep, StarDep
@@ -64,18 +66,20 @@ FLAT_CHUNK = 4096  # elements per chunk of a flat loop whose output streams
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
 
 
-# a pure pointwise nest whose innermost loop runs at most SMALL_INNER iterations (RGB channels
-# last) vectorizes its second-innermost loop instead, the innermost one unrolled, in parallel
-# chunks of SMALL_INNER_CHUNK: NCHW -> NHWC of a (2, 3, 256, 256) input ran 135-169 us with the
-# 3-long loop vectorized and 31 us so (eager: 245-297 us) on a Xeon (family 6 model 207)
-SMALL_INNER = 8
-SMALL_INNER_CHUNK = 1024
-
-
-def _vectorizes_outside(sizes: Sequence[Expr]) -> bool:
-    """Whether a pure pointwise nest of these sizes vectorizes its second-innermost loop."""
-    inner, second = sizes[-1], sizes[-2]
-    return isinstance(inner, sympy.Integer) and int(inner) <= SMALL_INNER and V.graph.sizevars.hint(second) >= 4 * int(inner)
+def _open_vector_loop_outside(code: CodeBuffer, var: sympy.Symbol, size: Expr, parallel: bool) -> int:
+    """Open the second-innermost loop of a nest that vectorizes outside its short innermost
+    loop (``vectorizes_outside``), over chunks when the nest is parallel. Returns the loops opened."""
+    lo, hi, opened = "0", cpp_index(size), 1
+    if parallel:
+        code.writeline(f"for (int64_t mi_chunk = 0; mi_chunk < {hi}; mi_chunk += {SMALL_INNER_CHUNK})")
+        code.writeline("{")
+        code._indent += 1
+        lo, hi, opened = "mi_chunk", f"mi_min_i64(mi_chunk + {SMALL_INNER_CHUNK}, {hi})", 2
+    code.writeline("#pragma omp simd")
+    code.writeline(f"for (int64_t {var} = {lo}; {var} < {hi}; {var}++)")
+    code.writeline("{")
+    code._indent += 1
+    return opened
 
 
 def kernel_name(group: FusedGroup, index: int) -> str:
@@ -361,23 +365,14 @@ class CppKernel:
         # _emit_pointwise_nest; a flat one then loops over chunks of FLAT_CHUNK elements
         # (so does one whose calls may run in batches, cpp_calls.py)
         streams = self.may_stream and (n > 1 or parallel) and self._streamable_writes()
-        small_inner = pure_pointwise and n >= 2 and self.tile_var is None and _vectorizes_outside(outer.sizes)
+        small_inner = pure_pointwise and n >= 2 and self.tile_var is None and vectorizes_outside(outer.sizes)
         defer = pure_pointwise and n >= 1 and not small_inner and (streams or may_batch(self._origins(), buffer_dtypes(self)))
         opened = 0
         for i, (var, size) in enumerate(zip(outer.variables, outer.sizes)):
             self.range_of[var] = size
             innermost = i == n - 1
             if defer and innermost:
-                if n == 1 and parallel:
-                    code.writeline("#pragma omp parallel for schedule(static)")
-                    code.writeline(f"for (int64_t mi_chunk = 0; mi_chunk < {cpp_index(size)}; mi_chunk += {FLAT_CHUNK})")
-                    code.writeline("{")
-                    code._indent += 1
-                    opened += 1
-                    self.deferred_loop = (var, "mi_chunk", f"mi_min_i64(mi_chunk + {FLAT_CHUNK}, {cpp_index(size)})",
-                                          sympy.Min(size, FLAT_CHUNK))
-                else:
-                    self.deferred_loop = (var, "0", cpp_index(size), size)
+                opened += self._defer_innermost(code, var, size, parallel and n == 1)
                 continue
             if i == 0 and parallel:
                 if pure_pointwise and n == 1:
@@ -387,19 +382,7 @@ class CppKernel:
                     if collapse >= 1:
                         code.writeline(f"#pragma omp parallel for schedule(static){f' collapse({collapse})' if collapse > 1 else ''}")
             if small_inner and i == n - 2:
-                # the second-innermost loop vectorizes, over chunks when the nest is parallel
-                lo, hi = "0", cpp_index(size)
-                if parallel:
-                    code.writeline(f"for (int64_t mi_chunk = 0; mi_chunk < {hi}; mi_chunk += {SMALL_INNER_CHUNK})")
-                    code.writeline("{")
-                    code._indent += 1
-                    opened += 1
-                    lo, hi = "mi_chunk", f"mi_min_i64(mi_chunk + {SMALL_INNER_CHUNK}, {hi})"
-                code.writeline("#pragma omp simd")
-                code.writeline(f"for (int64_t {var} = {lo}; {var} < {hi}; {var}++)")
-                code.writeline("{")
-                code._indent += 1
-                opened += 1
+                opened += _open_vector_loop_outside(code, var, size, parallel)
                 continue
             if innermost and pure_pointwise and not (parallel and n == 1) and not small_inner:
                 code.writeline("#pragma omp simd")
@@ -431,6 +414,20 @@ class CppKernel:
         self.may_stream, self.deferred_loop = False, None
         if self.streamed:
             fence_parallel_region(code.lines, start)
+
+    def _defer_innermost(self, code: CodeBuffer, var: sympy.Symbol, size: Expr, flat_parallel: bool) -> int:
+        """Leave the innermost loop to _emit_pointwise_nest (``deferred_loop``); a flat parallel
+        one first loops over chunks of FLAT_CHUNK elements. Returns the loops opened."""
+        if not flat_parallel:
+            self.deferred_loop = (var, "0", cpp_index(size), size)
+            return 0
+        code.writeline("#pragma omp parallel for schedule(static)")
+        code.writeline(f"for (int64_t mi_chunk = 0; mi_chunk < {cpp_index(size)}; mi_chunk += {FLAT_CHUNK})")
+        code.writeline("{")
+        code._indent += 1
+        self.deferred_loop = (var, "mi_chunk", f"mi_min_i64(mi_chunk + {FLAT_CHUNK}, {cpp_index(size)})",
+                              sympy.Min(size, FLAT_CHUNK))
+        return 1
 
     def _emit_loop_functions(self, code: CodeBuffer, outer: MergedDims, loops: list[Loop]) -> None:
         """Each loop block of the outer iteration as its own function, called in order; the

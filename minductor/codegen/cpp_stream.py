@@ -96,12 +96,7 @@ def emit_streamed_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, bo
         code.writeline(f"for (int64_t mi_line_at = {lines_from}; mi_line_at < mi_lines_end; mi_line_at += {LINE})")
         with code.indent():
             code.writeline(f"alignas(64) float mi_line[{LINE}];")
-            code.writeline("#pragma omp simd")
-            code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {LINE}; mi_lane++)")
-            with code.indent():
-                code.writeline(f"const int64_t {var} = mi_line_at + mi_lane;")
-                for line in line_body:
-                    code.writeline(line)
+            _lane_loop(code, var, LINE, line_body)
             code.writeline(f"mi_stream_store(&{store.arg}[{at('mi_line_at')}], mi_line);")
         simd_loop(code, var, "mi_lines_end", "mi_hi", body)
     code.writeline("}")
@@ -116,16 +111,21 @@ def _emit_batched_lines(code: CodeBuffer, var: sympy.Symbol, line_body: list[str
     with code.indent(open_brace=False):
         first, rest = emit_call_block(code, line_body, calls, "mi_lane")
         code.writeline(f"alignas(64) float mi_line[{BATCH}];")
-        for lines in (first, rest):
-            code.writeline("#pragma omp simd")
-            code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {BATCH}; mi_lane++)")
-            with code.indent():
-                code.writeline(f"const int64_t {var} = mi_line_at + mi_lane;")
-                for line in lines:
-                    code.writeline(line)
+        _lane_loop(code, var, BATCH, first)
+        _lane_loop(code, var, BATCH, rest)
         code.writeline(f"for (int64_t mi_k = 0; mi_k < {BATCH}; mi_k += {LINE}) "
                        f"mi_stream_store(&{store.arg}[{at('mi_line_at')}] + mi_k, mi_line + mi_k);")
     code.writeline("}")
+
+
+def _lane_loop(code: CodeBuffer, var: sympy.Symbol, width: int, body: list[str]) -> None:
+    """``#pragma omp simd`` over the ``width`` lanes from ``mi_line_at``, ``var`` at each."""
+    code.writeline("#pragma omp simd")
+    code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {width}; mi_lane++)")
+    with code.indent():
+        code.writeline(f"const int64_t {var} = mi_line_at + mi_lane;")
+        for line in body:
+            code.writeline(line)
 
 
 def simd_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, body: list[str]) -> None:

@@ -45,6 +45,12 @@ STAGED_ROWS = 256
 STAGED_COLS = 128
 # the stages of one tile together, on the thread's stack
 STAGE_BYTES = 256 * 1024
+# a pure pointwise nest whose innermost loop runs at most SMALL_INNER iterations (RGB channels
+# last) vectorizes its second-innermost loop instead, the innermost one unrolled, in parallel
+# chunks of SMALL_INNER_CHUNK: NCHW -> NHWC of a (2, 3, 256, 256) input ran 135-169 us with the
+# 3-long loop vectorized and 31 us so (eager: 245-297 us) on a Xeon (family 6 model 207)
+SMALL_INNER = 8
+SMALL_INNER_CHUNK = 1024
 
 
 @dataclasses.dataclass
@@ -199,3 +205,9 @@ def reads_only_at(group: FusedGroup, name: str, index: sympy.Expr, inner: list[t
             if sympy.expand(renamed - index) != 0:
                 return False
     return True
+
+
+def vectorizes_outside(sizes: Sequence[Expr]) -> bool:
+    """Whether a pure pointwise nest of these sizes vectorizes its second-innermost loop."""
+    inner, second = sizes[-1], sizes[-2]
+    return isinstance(inner, sympy.Integer) and int(inner) <= SMALL_INNER and V.graph.sizevars.hint(second) >= 4 * int(inner)
