@@ -9,8 +9,9 @@ import torch
 from minductor import config
 from minductor.runtime.cache import libmvec_installed
 
-needs_libmvec = pytest.mark.skipif(not (config.libmvec and libmvec_installed(config.cxx)),
-                                   reason="sin/cos are calls only with glibc's libmvec (x86-64 Linux)")
+# sin/cos are calls (and batched) only with glibc's libmvec (x86-64 Linux); elsewhere they are
+# inline and the same programs must match eager without batches
+LIBMVEC = config.libmvec and libmvec_installed(config.cxx)
 
 
 def compiled_code(fn, *args, tmp_path, min_bytes: int = 1 << 24) -> str:
@@ -24,24 +25,25 @@ def compiled_code(fn, *args, tmp_path, min_bytes: int = 1 << 24) -> str:
 def special(shape) -> torch.Tensor:
     x = torch.randn(shape) * 4
     flat = x.view(-1)
-    flat[:6] = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e30, -3e8, 0.0])
+    # huge arguments only with libmvec: the prelude's own sin/cos lose them (the xfail in
+    # test_transcendental_accuracy.py), batched or not
+    huge = 1e30 if LIBMVEC else 1e5
+    flat[:6] = torch.tensor([float("nan"), float("inf"), -float("inf"), huge, -huge / 3, 0.0])
     return x
 
 
-@needs_libmvec
 @pytest.mark.parametrize("shape", [(7,), (100, 37), (300, 129), (3, 50, 70), (70000,)])
 @pytest.mark.parametrize("min_bytes", [1, 1 << 24], ids=["streamed", "plain"])
 def test_batched_calls_match_eager(tmp_path, shape, min_bytes) -> None:
     x, y = special(shape), torch.randn(shape)
     code = compiled_code(lambda x, y: ((x.sin() + 1) * 2).exp().relu() - y, x, y, tmp_path=tmp_path / "a", min_bytes=min_bytes)
-    assert "mi_call0[" in code
+    assert ("mi_call0[" in code) == LIBMVEC
     # two calls, one nested in the other's argument chain, and inline math between
     code = compiled_code(lambda x: x.cos().tanh() * (x * 2).sin().cos() + x.sin().sigmoid(), x,
                          tmp_path=tmp_path / "b", min_bytes=min_bytes)
-    assert "mi_call2[" in code
+    assert ("mi_call2[" in code) == LIBMVEC
 
 
-@needs_libmvec
 def test_what_makes_no_batches(tmp_path) -> None:
     x = torch.randn(100, 37)
     # a call and no other math; other dtypes; a reduction

@@ -24,7 +24,7 @@ from minductor.codegen.common import (
     KernelArgs,
     cpp_index,
 )
-from minductor.codegen.cpp_calls import batchable_calls, buffer_dtypes, emit_batched_loop, may_batch
+from minductor.codegen.cpp_calls import batchable_calls, emit_batched_loop, may_batch
 from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
 from minductor.codegen.cpp_stream import (
     StreamStore,
@@ -82,11 +82,13 @@ def _open_vector_loop_outside(code: CodeBuffer, var: sympy.Symbol, size: Expr, p
     return opened
 
 
+def group_origins(group: FusedGroup) -> set[str]:
+    """The aten ops a fused group was lowered from."""
+    return set().union(*(n.node.origins for n in group.nodes))
+
+
 def kernel_name(group: FusedGroup, index: int) -> str:
-    origins: set[str] = set()
-    for n in group.nodes:
-        origins |= set(n.node.origins)
-    parts = sorted(o for o in origins if o)[:6]
+    parts = sorted(o for o in group_origins(group) if o)[:6]
     return "cpp_fused_" + "_".join(parts + [str(index)]) if parts else f"cpp_kernel_{index}"
 
 
@@ -366,7 +368,7 @@ class CppKernel:
         # (so does one whose calls may run in batches, cpp_calls.py)
         streams = self.may_stream and (n > 1 or parallel) and self._streamable_writes()
         small_inner = pure_pointwise and n >= 2 and self.tile_var is None and vectorizes_outside(outer.sizes)
-        defer = pure_pointwise and n >= 1 and not small_inner and (streams or may_batch(self._origins(), buffer_dtypes(self)))
+        defer = pure_pointwise and n >= 1 and not small_inner and (streams or may_batch(self, group_origins(self.group)))
         opened = 0
         for i, (var, size) in enumerate(zip(outer.variables, outer.sizes)):
             self.range_of[var] = size
@@ -612,9 +614,6 @@ class CppKernel:
                     code.writeline("}")
         code.writeline("}")
 
-    def _origins(self) -> set[str]:
-        return set().union(*(n.node.origins for n in self.group.nodes))
-
     def _read_names(self) -> set[str]:
         return set().union(*(n.read_writes.read_names() for n in self.group.nodes))
 
@@ -650,7 +649,7 @@ class CppKernel:
             code.writeline("{")
             code._indent += 1
         store = self._stream_store(var, length)
-        calls = batchable_calls(self.body.lines, buffer_dtypes(self))
+        calls = batchable_calls(self.body.lines, self)
         if store is None and calls:
             emit_batched_loop(code, var, lo, hi, self.body.lines, calls)
         elif store is None:

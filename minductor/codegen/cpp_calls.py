@@ -13,6 +13,7 @@ ms -> 12.2-12.3 ms in blocks of 64 (32: 12.9-13.2, 128: 12.9-13.2).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import sympy
 import torch
@@ -31,30 +32,28 @@ _DEFINES = re.compile(r"auto (tmp\d+) = ")
 _TMP = re.compile(r"\btmp\d+\b")
 
 
-def _float_calls(buffer_dtypes: set[torch.dtype]) -> bool:
-    """Whether sin/cos are libmvec calls on float32 values: every buffer is float32, and
-    libmvec is in use."""
-    return buffer_dtypes == {torch.float32} and config.libmvec and libmvec_installed(config.cxx)
+def _float_calls(kernel: Any) -> bool:
+    """Whether sin/cos are libmvec calls on float32 values: libmvec is in use and every buffer
+    of the kernel is float32."""
+    return config.libmvec and libmvec_installed(config.cxx) and buffer_dtypes(kernel) == {torch.float32}
 
 
-def may_batch(origins: set[str], buffer_dtypes: set[torch.dtype]) -> bool:
-    """Whether a kernel of these ops and buffers may make calls in batches (before its body
-    exists: emit_outer then leaves the innermost loop to the pointwise nest)."""
-    return bool(origins & {"sin", "cos"}) and _float_calls(buffer_dtypes)
+def may_batch(kernel: Any, origins: set[str]) -> bool:
+    """Whether a kernel of these ops may make calls in batches (before its body exists:
+    emit_outer then leaves the innermost loop to the pointwise nest)."""
+    return bool(origins & {"sin", "cos"}) and _float_calls(kernel)
 
 
-def batchable_calls(body: list[str], buffer_dtypes: set[torch.dtype]) -> list[int]:
-    """Indices of ``body``'s lines to make in batches: its sin/cos calls, when they are float
-    libmvec calls, the body is straight-line definitions and stores, and it does inline math
-    besides."""
-    if not _float_calls(buffer_dtypes):
-        return []
+def batchable_calls(body: list[str], kernel: Any) -> list[int]:
+    """Indices of ``body``'s lines to make in batches: its sin/cos calls, when the body is
+    straight-line definitions and stores, does inline math besides, and the calls are float
+    libmvec calls."""
     lines = [line.strip() for line in body]
-    if not all(line.startswith("auto ") or _STORE.match(line) for line in lines):
-        return []
     calls = [i for i, line in enumerate(lines) if _CALL.match(line)]
+    if not calls or not all(line.startswith("auto ") or _STORE.match(line) for line in lines):
+        return []
     others = [line for i, line in enumerate(lines) if i not in calls]
-    if not calls or not any(_INLINE_MATH.search(line) for line in others):
+    if not any(_INLINE_MATH.search(line) for line in others) or not _float_calls(kernel):
         return []
     return calls
 
@@ -97,8 +96,8 @@ def emit_batched_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, bod
     code.writeline("}")
 
 
-def buffer_dtypes(kernel: object) -> set[torch.dtype]:
+def buffer_dtypes(kernel: Any) -> set[torch.dtype]:
     """The dtypes of every buffer a kernel's group reads or writes."""
     names = set().union(*(n.read_writes.read_names() | {d.name for d in n.read_writes.writes}
-                          for n in kernel.group.nodes))  # type: ignore[attr-defined]
+                          for n in kernel.group.nodes))
     return {V.graph.get_dtype(name) for name in names}
