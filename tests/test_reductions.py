@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import LAYOUT_NAMES, check, check_named, make
 
 # every test runs with the C++ and the Triton (interpreter) code generator
@@ -146,6 +147,39 @@ def test_two_pass_variance_is_close_to_float64(shape) -> None:
     ref_var, ref_mean = torch.var_mean(x.double(), 1)
     assert (var.double() - ref_var).abs().max() < 1e-4
     torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(5, 2049), (3, 4099), (2, 8192)], ids=["past_two_pass", "tail", "even"])
+def test_welford_long_rows(shape) -> None:
+    """Rows past TWO_PASS_MAX keep Welford, over WELFORD_LANES lanes on AVX-512 (the lanes'
+    weights, the tail past the last whole group, the combine): variance, mean and layer_norm
+    against float64, with a common offset."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    x = torch.randn(shape) * 3 + 50
+    w, b = torch.randn(shape[1]), torch.randn(shape[1])
+    fn = lambda x, w, b: (*torch.var_mean(x, 1), F.layer_norm(x, (shape[1],), w, b))
+    var, mean, ln = torch.compile(fn, backend="minductor")(x, w, b)
+    ref_var, ref_mean, ref_ln = fn(x.double(), w.double(), b.double())
+    torch.testing.assert_close(var.double(), ref_var, rtol=1e-5, atol=0)
+    torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-6, atol=0)
+    torch.testing.assert_close(ln.double(), ref_ln, rtol=1e-4, atol=1e-4)
+
+
+def test_welford_lanes() -> None:
+    """Long Welford rows take WELFORD_LANES lanes where the kernels get AVX-512; sums keep
+    MAX_LANES, and AVX2 (16 registers) keeps MAX_LANES for Welford too."""
+    import sympy
+
+    from minductor import config
+    from minductor.codegen import loop_shapes
+    from minductor.runtime.cache import avx512_enabled
+
+    row = sympy.Integer(4096)
+    welford = loop_shapes.WELFORD_LANES if avx512_enabled(config.cxx) else loop_shapes.MAX_LANES
+    assert loop_shapes.inner_lanes(row, welford=True) == (welford, welford)
+    assert loop_shapes.inner_lanes(row) == (loop_shapes.MAX_LANES, loop_shapes.MAX_LANES)
+    assert loop_shapes.inner_lanes(sympy.Integer(512), welford=True) == (16, 16)
 
 
 @pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0:UserWarning")

@@ -488,7 +488,8 @@ class CppKernel:
         self.rlinear = linear_index(red_vars, loop.red)
         self.accumulators = []
         self.last_red_size = merged_red.sizes[-1] if merged_red.sizes else sympy.Integer(1)
-        self.lanes, self.lane_slots = inner_lanes(self.last_red_size, thread_chunk)
+        welford = any(getattr(n.node.data, "reduction_type", None) == "welford_reduce" for n in loop.nodes)
+        self.lanes, self.lane_slots = inner_lanes(self.last_red_size, thread_chunk, welford)
         self.welford_rw = len(merged_red.variables) == 1 and self.tile_var is None
         self.welford_accs: list[tuple[str, str]] = []  # (accumulator, compute type) kept as arrays
         innermost = ([self.tile_var] if self.tile_var is not None else merged_red.variables or merged_pw.variables

@@ -138,6 +138,11 @@ def isa_flags(cxx: str) -> list[str]:
     return ["-mno-avx512fp16"] if enabled else []
 
 
+def avx512_enabled(cxx: str) -> bool:
+    """Whether ``-march=native`` gives kernels AVX-512 (32 vector registers of 16 floats)."""
+    return bool(re.search(r"^\s*-mavx512f\s+\[enabled\]", _native_target(cxx), re.MULTILINE))
+
+
 def gathers_enabled(cxx: str) -> bool:
     """Whether vectorized kernels may use gather loads: a known CPU's tuning, or ours."""
     return _native_tune(cxx) not in ("generic", "") or bool(tune_flags(cxx))
