@@ -149,21 +149,32 @@ def prefetch_row_stores(first: CodeBuffer, shape: LoopShape | None, later: list[
     _insert_in_loop(first, f"for (int64_t mi_base = 0; mi_base < mi_main; mi_base += {shape.lanes})", lines)
 
 
+# per-element math that makes a loop compute-bound (``mi_rsqrt`` and ``mi_sqrt`` are left
+# out: a normalization's are per row, hoisted by the compiler)
+_HEAVY_MATH = re.compile(r"\bmi_(exp|expm1|log|log1p|log2|tanh|erf|sigmoid|pow|sin|cos)\(")
+
+
 def prefetch_next_rows(blocks: list[CodeBuffer], shapes: list[LoopShape | None], outer: sympy.Symbol,
                        range_of: dict[sympy.Symbol, Expr]) -> None:
-    """Have the first later loop of a row along the same range (softmax's exp and sum, layer
-    norm's streamed normalization), which works on the row the first loop brought into L1,
-    prefetch the lines the first loop reads in the next outer iteration: that memory read then
-    overlaps this loop's work instead of following it. Measured at 4096^2 on a Xeon VM, kernels
-    alone, in alternation: a hand softmax 6.7-6.8 -> 5.3-5.7 ms, layer_norm 3.3-3.6 -> 2.8-3.1 ms.
-    The loop must be a reduction's lane loop or a streamed loop of whole lines; a plain ``omp
-    simd`` loop has no place for one prefetch per line."""
+    """Have a later loop of a row along the same range, which works on the row the first loop
+    brought into L1, prefetch the lines the first loop reads in the next outer iteration: that
+    memory read then overlaps this loop's work instead of following it. Measured at 4096^2 on a
+    Xeon VM, kernels alone, in alternation: a hand softmax 6.7-6.8 -> 5.3-5.7 ms, layer_norm
+    3.3-3.6 -> 2.8-3.1 ms. The prefetches go where the row spends its time: the first loop
+    that computes transcendental math (softmax's exp and sum; in its streamed loop instead:
+    5.1-5.3 -> 5.5-5.9 ms), else the streamed loop that writes the row (a two-pass layer_norm's
+    normalization; in the short variance loop between instead, the prefetches issue in a
+    burst: 3.6-3.7 -> 3.9 ms, and 5.2-5.8 -> 5.9-6.8 ms with a residual add). The loop must be a
+    reduction's lane loop or a streamed loop of whole lines; a plain ``omp simd`` loop has no
+    place for one prefetch per line."""
     first = shapes[0] if shapes else None
     if first is None:
         return
-    for block, shape in zip(blocks[1:], shapes[1:]):
-        if shape is None or shape.size != first.size:
-            continue
+    later = [(block, shape) for block, shape in zip(blocks[1:], shapes[1:])
+             if shape is not None and shape.size == first.size]
+    heavy = [(b, s) for b, s in later if any(_HEAVY_MATH.search(line) for line in b.lines)]
+    streamed = [(b, s) for b, s in later if not s.lanes]
+    for block, shape in heavy[:1] + streamed[-1:] + later:
         if shape.lanes:
             head, var, step = f"for (int64_t mi_base = 0; mi_base < mi_main; mi_base += {shape.lanes})", "mi_base", shape.lanes
         else:
