@@ -24,7 +24,7 @@ MAX_LANES = 32
 # Welford's update chains a subtract and a multiply-add per value on each lane's mean, twice the
 # latency of a sum's add: long rows take 8 AVX-512 vectors of lanes (mean and m2: 16 of the 32
 # registers). Measured at 4096^2 on a Xeon, kernels alone, interleaved: layer_norm 3.8-4.1 ->
-# 3.6-3.7 ms, layer_norm(x + r) 5.6-6.0 -> 5.3-5.5 ms with 128 lanes (256 spill: 6.0-6.2 ms).
+# 3.6-3.7 ms, layer_norm(x + r) 5.6-7.0 -> 5.2-6.2 ms with 128 lanes (256 spill: 5.6-6.2 ms).
 # AVX2's 16 registers keep MAX_LANES.
 WELFORD_LANES = 128
 # a reduced row at most this long is one vector loop with a lane per element
@@ -160,9 +160,10 @@ def joins(loop: Loop, node: SchedulerNode) -> bool:
 def inner_lanes(row: Expr, whole_range: bool = False, welford: bool = False) -> tuple[int, int]:
     """Accumulator lanes for a reduction over rows of ``row`` elements, and the slots of the
     lane arrays: more lanes hide the add latency on long rows (more yet for ``welford``, on
-    AVX-512), fewer keep the final combine cheap on short ones. A constant row of at most SHORT_ROW is one vector loop with a lane per
-    element and no scalar tail; its slots are padded to a power of two (with the identity) for
-    the pairwise combine (a 20-wide pooling window: 16 + 4 lanes instead of 8 + 8 + 4)."""
+    AVX-512), fewer keep the final combine cheap on short ones. A constant row of at most
+    SHORT_ROW is one vector loop with a lane per element and no scalar tail; its slots are
+    padded to a power of two (with the identity) for the pairwise combine (a 20-wide pooling
+    window: 16 + 4 lanes instead of 8 + 8 + 4)."""
     if whole_range:  # a full reduction: every thread streams a long chunk
         return 2 * MAX_LANES, 2 * MAX_LANES
     if row.is_Integer and 1 < int(row) <= SHORT_ROW:
