@@ -98,3 +98,47 @@ def test_training_step_dynamic_batch() -> None:
     for p, q in zip(eager.parameters(), model.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
     assert metrics.graphs_compiled == 2  # forward and backward, once each
+
+
+@pytest.mark.parametrize("heads", [4, None], ids=["static_heads", "symbolic_heads"])
+def test_reshape_of_symbolic_dims_is_a_view(heads) -> None:
+    """Merging symbolic dims of a contiguous buffer ((b, h, t, d) -> (b*h, t, d), as attention
+    does before bmm) is a strided view, not a copy kernel: the dims group by symbolically equal
+    products (s0 < 4*s0 decided on the size hints), and ``s*64*FloorDiv(v, 4) * 4 +
+    s*64*ModularIndexing(v, 1, 4)`` recombines to ``s*64*v`` with a symbolic stride."""
+    def fn(x, y):
+        b, h, t, d = x.shape
+        return torch.bmm((x * 2).view(b * h, t, d), y)
+
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for b, h, t in [(3, heads or 5, 10), (2, heads or 6, 7)]:  # distinct sizes: no duck sizing
+        x, y = torch.randn(b, h, t, 64), torch.randn(b * h, 64, 8)
+        torch.testing.assert_close(compiled(x, y), fn(x, y), rtol=1e-4, atol=1e-4)
+    assert metrics.graphs_compiled == 1
+    assert metrics.generated_kernel_count == 1  # the multiply; the reshape is a view
+
+
+def test_transformer_training_graphs_dynamic_like_static() -> None:
+    """Under dynamic shapes the attention's head reshapes stay views: the forward and backward
+    graphs of a transformer block have as many kernels as with static shapes."""
+    torch.manual_seed(0)
+    counts = {}
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        metrics.reset()
+        model = Block(dim=32, heads=2)
+        compiled = torch.compile(model, backend="minductor", dynamic=dynamic)
+        x = torch.randn(2, 9, 32)
+        compiled(x).square().mean().backward()
+        counts[dynamic] = metrics.generated_kernel_count
+    assert counts[True] == counts[False], counts
+
+
+def test_recombine_with_symbolic_coefficient() -> None:
+    import sympy
+
+    from minductor.ir.indexing import FloorDiv, ModularIndexing, index_symbol, simplify_index
+
+    v, s = index_symbol("v0"), sympy.Symbol("s0", integer=True, positive=True)
+    expr = 256 * s * FloorDiv(v, 4) + 64 * s * ModularIndexing(v, 1, 4)
+    assert sympy.expand(simplify_index(expr, {v: 4 * s}) - 64 * s * v) == 0

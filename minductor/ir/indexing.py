@@ -166,9 +166,11 @@ def _recombine(expr: Expr) -> Expr:
         changed = False
         terms = list(expr.args)
         for i, t in enumerate(terms):
-            coeff, mi = t.as_coeff_Mul()
-            if not isinstance(mi, ModularIndexing):
+            # the coefficient may be symbolic (a stride of s0*64 under dynamic shapes)
+            mi = next((f for f in sympy.Mul.make_args(t) if isinstance(f, ModularIndexing)), None)
+            if mi is None:
                 continue
+            coeff = t / mi
             base, div, mod = mi.args
             partner = coeff * mod * FloorDiv(base, div * mod)
             for j, u in enumerate(terms):

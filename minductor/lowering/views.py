@@ -16,6 +16,7 @@ from minductor.ir.layout import FixedLayout, as_exprs
 from minductor.ir.nodes import TensorBox
 from minductor.ir.views import ReinterpretView, make_view, realize_input
 from minductor.lowering.registry import Unsupported, aten, expand_to, register_lowering
+from minductor.virtualized import V
 
 Expr = sympy.Expr
 
@@ -86,7 +87,7 @@ def _reshape_groups(old: list[Expr], new: list[Expr]) -> list[tuple[list[int], l
         if j < len(new):
             ng.append(j); pn = pn * new[j]; j += 1
         while po != pn:
-            if (sympy.sympify(po) < pn) == sympy.true and i < len(old):
+            if _smaller(po, pn) and i < len(old):
                 og.append(i); po = po * old[i]; i += 1
             elif j < len(new):
                 ng.append(j); pn = pn * new[j]; j += 1
@@ -97,6 +98,18 @@ def _reshape_groups(old: list[Expr], new: list[Expr]) -> list[tuple[list[int], l
         groups.append((og, ng))
     # trailing size-1 dims on either side join the last group
     return groups
+
+
+def _smaller(a: Expr, b: Expr) -> bool:
+    """Whether product ``a`` is below ``b``: decided symbolically where sympy can, else on the
+    size hints (s0 < 4*s0 is undecided for a plain symbol). The hint only steers which side a
+    group grows; a group closes only when both products are symbolically equal, so the
+    indexer is right for every size."""
+    decided = sympy.sympify(a) < b
+    if decided in (sympy.true, sympy.false):
+        return bool(decided)
+    sizevars = V.graph.sizevars
+    return sizevars.hint(a) < sizevars.hint(b)
 
 
 @register_lowering(aten.permute)
