@@ -108,3 +108,31 @@ def test_kernels_timed_alongside_a_streaming_reference() -> None:
     assert kernel.pct_of(10.0) == pytest.approx(100 * kernel.gbps / kernel.reference_gbps)
     assert report.to_json()["kernels"][0]["reference_gbps"] == kernel.reference_gbps
     assert "GB/s alongside" in "\n".join(report.lines())
+
+
+def test_in_place_kernels_are_timed_from_the_graphs_values() -> None:
+    """A kernel that updates its input in place (in_out_ptr) restarts every timed call from the
+    values the graph gave it, the restore timed alone and subtracted: repeated on its own output,
+    a multiply drifts (here x * 0.5 to denormals, then 0). Afterwards the buffer holds one
+    update, as after the graph's own call; read-only and write-only buffers are left alone."""
+    from minductor.bench.runner import _fresh_inputs
+
+    x, y = torch.randn(1000), torch.randn(1000)
+    local = {"buf0": x.clone(), "buf1": y}
+
+    def kernel() -> None:
+        local["buf0"].mul_(0.5)
+
+    run, restore = _fresh_inputs(kernel, ["buf0", "buf1"], ["rw", "r"], local)
+    assert restore is not None
+    for _ in range(300):
+        run()
+    torch.testing.assert_close(local["buf0"], x * 0.5, rtol=0, atol=0)
+    assert _fresh_inputs(kernel, ["buf1"], ["r"], local)[1] is None
+    assert _fresh_inputs(kernel, ["buf0", "buf1"], [], local)[1] is None  # roles unknown
+
+    w = torch.randn(256, 256)
+    report = run_workload("in_place", lambda a: (a @ w).sin() * 2, (torch.randn(256, 256),), with_inductor=False,
+                          bandwidth=10.0, min_run_time=0.01)
+    (kernel_timing,) = report.kernels
+    assert kernel_timing.seconds > 0
