@@ -30,9 +30,10 @@ Expr = sympy.Expr
 def needs_2d_tiles(group: FusedGroup, outer: MergedDims) -> bool:
     """Whether some buffer is contiguous along the second-innermost loop while another
     is contiguous along the innermost (a transpose): then loop over 2-D tiles."""
-    if len(outer.variables) < 2 or any(not s.is_Integer for s in outer.sizes[-2:]):
+    if len(outer.variables) < 2:
         return False
-    if min(int(s) for s in outer.sizes[-2:]) < 2 * TILE:
+    # symbolic sizes decide on their hints: the tiles' partial edges handle any runtime size
+    if min(V.graph.sizevars.hint(s) for s in outer.sizes[-2:]) < 2 * TILE:
         return False
     inner, second = outer.variables[-1], outer.variables[-2]
     found_inner = found_second = False
