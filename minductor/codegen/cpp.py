@@ -488,7 +488,7 @@ class CppKernel:
         self.rlinear = linear_index(red_vars, loop.red)
         self.accumulators = []
         self.last_red_size = merged_red.sizes[-1] if merged_red.sizes else sympy.Integer(1)
-        welford = any(getattr(n.node.data, "reduction_type", None) == "welford_reduce" for n in loop.nodes)
+        welford = any(n.is_reduction() and n.node.data.reduction_type == "welford_reduce" for n in loop.nodes)
         self.lanes, self.lane_slots = inner_lanes(self.last_red_size, thread_chunk, welford)
         self.welford_rw = len(merged_red.variables) == 1 and self.tile_var is None
         self.welford_accs: list[tuple[str, str]] = []  # (accumulator, compute type) kept as arrays

@@ -20,13 +20,14 @@ import torch
 
 from minductor import config
 from minductor.codegen.common import CodeBuffer
+from minductor.codegen.cpp_ops import INLINE_MATH
 from minductor.runtime.cache import libmvec_installed
 from minductor.virtualized import V
 
 BATCH = 64
 _CALL = re.compile(r"auto (tmp\d+) = (mi_sin|mi_cos)\((tmp\d+)\);$")
 # inline math whose constants a call would evict
-_INLINE_MATH = re.compile(r"\bmi_(exp|expm1|log|log1p|log2|tanh|erf|sigmoid|pow|rsqrt|sqrt)\(")
+_INLINE_MATH = re.compile(rf"\bmi_({'|'.join((*INLINE_MATH, 'rsqrt', 'sqrt'))})\(")
 _STORE = re.compile(r"[A-Za-z_]\w*\[.*\] = .*;$")
 _DEFINES = re.compile(r"auto (tmp\d+) = ")
 _TMP = re.compile(r"\btmp\d+\b")

@@ -19,6 +19,10 @@ from minductor.ir.indexing import index_symbol
 
 Expr = sympy.Expr
 
+# the prelude's per-element float math written out inline (``mi_<name>``, a polynomial or a
+# rational of a dozen constants each): what the kernel rewrites look for in a loop body
+INLINE_MATH = ("exp", "expm1", "log", "log1p", "log2", "tanh", "erf", "sigmoid", "pow")
+
 
 def cpp_constant(value: bool | float, dtype: torch.dtype) -> str:
     ctype = CPP_COMPUTE_TYPES[dtype]

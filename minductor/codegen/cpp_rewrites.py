@@ -28,6 +28,7 @@ import sympy
 import torch
 
 from minductor.codegen.common import CodeBuffer, cpp_index
+from minductor.codegen.cpp_ops import INLINE_MATH
 from minductor.codegen.cpp_stream import LINE
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
 
@@ -151,7 +152,7 @@ def prefetch_row_stores(first: CodeBuffer, shape: LoopShape | None, later: list[
 
 # per-element math that makes a loop compute-bound (``mi_rsqrt`` and ``mi_sqrt`` are left
 # out: a normalization's are per row, hoisted by the compiler)
-_HEAVY_MATH = re.compile(r"\bmi_(exp|expm1|log|log1p|log2|tanh|erf|sigmoid|pow|sin|cos)\(")
+_HEAVY_MATH = re.compile(rf"\bmi_({'|'.join((*INLINE_MATH, 'sin', 'cos'))})\(")
 
 
 def prefetch_next_rows(blocks: list[CodeBuffer], shapes: list[LoopShape | None], outer: sympy.Symbol,
