@@ -160,3 +160,63 @@ def test_symbolic_transpose_takes_tiles_for_any_runtime_size(tmp_path) -> None:
     assert metrics.graphs_compiled <= 2  # a size-1 dim may specialize once
     code = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_*.cpp"))
     assert "mi_t0" in code and "mi_transpose16(" in code
+
+
+@pytest.mark.parametrize("case", ["layer_norm", "softmax"])
+def test_symbolic_rows_keep_their_stats_in_locals_and_outputs_in_the_pool(case, tmp_path) -> None:
+    """Under dynamic shapes a row's mean/rstd (max/sum) stay in locals as with static ones (the
+    stores' index ``s1*x0 + x1`` scales an outer variable by a size), the softmax output takes
+    its exp buffer's storage (equal symbolic storage sizes), and the output comes from the
+    graph's buffer pool, which hands a storage back only at its own size."""
+    from minductor import config
+
+    w, b = torch.randn(96), torch.randn(96)
+    fn = {"layer_norm": lambda x: F.layer_norm(x, (96,), w, b), "softmax": lambda x: x.softmax(-1)}[case]
+    with config.patch(debug=True, debug_dir=str(tmp_path)), torch.no_grad():
+        compiled = torch.compile(fn, backend="minductor", dynamic=True)
+        outs = {}
+        for shape in [(6, 300, 96), (5, 100, 96), (6, 300, 96), (5, 100, 96)]:
+            x = torch.randn(shape)
+            out = compiled(x)
+            torch.testing.assert_close(out, fn(x), rtol=1e-5, atol=1e-5)
+            assert out.untyped_storage().nbytes() == out.numel() * 4
+            assert all(out.data_ptr() != o.data_ptr() for o in outs.values())  # outputs alive: never shared
+            outs[len(outs)] = out
+    assert metrics.graphs_compiled == 1
+    code = next(tmp_path.glob("graph_*/output_code.py")).read_text()
+    assert "kept in a local" in next(tmp_path.glob("graph_*/cpp_*.cpp")).read_text()
+    assert metrics.buffers_allocated == 1, code  # only the output (softmax: its exp buffer's storage)
+    assert "mi_pool.take(0, (s" in code, code
+    if case == "softmax":
+        assert "reuse in place" in code, code
+
+
+def test_symbolic_buffers_reused_across_kernels_when_provably_under_the_peak(tmp_path) -> None:
+    """A freed buffer serves a later allocation of the same symbolic storage size (as static
+    ones do): the transformer block's training graphs reuse storages under dynamic shapes, and
+    a hold is taken only where a unit's live bytes cover it at every size."""
+    import sympy
+
+    from minductor import config
+    from minductor.codegen.memory import _covers
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    assert _covers(4 * s0 * s1 + 8 * s0, 4 * s0 * s1) and _covers(4 * s0 * s1, 4 * s0 * s1)
+    assert not _covers(4 * s0 * s1, 4 * s0 * s1 + 1) and not _covers(4 * s0 * s1, 8 * s0)  # s1 may be 1
+    torch.manual_seed(0)
+    model = Block(dim=32, heads=2)
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        compiled = torch.compile(copy.deepcopy(model), backend="minductor", dynamic=True)
+        for t in (9, 17):
+            x = torch.randn(2, t, 32, requires_grad=True)
+            out = compiled(x)
+            out.square().mean().backward()
+            ref_x = x.detach().clone().requires_grad_()
+            ref = model(ref_x)
+            ref.square().mean().backward()
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-4, atol=1e-4)
+            model.zero_grad()
+    assert metrics.buffers_reused >= 4
+    codes = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/output_code.py"))
+    assert "(s" in codes and "# reuse\n" in codes

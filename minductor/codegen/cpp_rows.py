@@ -33,6 +33,7 @@ from minductor.codegen.loop_shapes import Loop, inner_vars, reads_only_at
 from minductor.ir.indexing import make_vars
 from minductor.scheduler.deps import MemoryDep
 from minductor.scheduler.nodes import FusedGroup
+from minductor.sizevars import size_symbols
 
 # bytes of one row's scratch: L1-sized, and small for an OpenMP worker's stack
 ROW_SCRATCH_MAX_BYTES = 64 * 1024
@@ -96,8 +97,9 @@ def register_results(group: FusedGroup, internal: Iterable[str]) -> list[str]:
         if name not in internal or not node.is_reduction() or node.node.mutates:
             continue
         writes = [d for d in node.read_writes.writes if d.name == name]
-        if len(writes) != 1 or not isinstance(writes[0], MemoryDep) or not writes[0].index.free_symbols <= outer_vars:
-            continue
+        if len(writes) != 1 or not isinstance(writes[0], MemoryDep) \
+                or not writes[0].index.free_symbols - size_symbols(writes[0].index) <= outer_vars:
+            continue  # (symbolic sizes may scale the outer variables)
         index = writes[0].index
         reads = [d for n in group.nodes for d in n.read_writes.reads if d.name == name]
         if all(isinstance(d, MemoryDep) and sympy.expand(d.index - index) == 0 for d in reads):

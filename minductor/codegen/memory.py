@@ -27,8 +27,9 @@ from minductor.ir.layout import FixedLayout
 from minductor.ir.nodes import Buffer, ComputedBuffer, ExternKernelAlloc, ExternKernelOut, FallbackKernel
 from minductor.scheduler.deps import MemoryDep
 from minductor.scheduler.nodes import ExternSchedulerNode, FusedGroup
+from minductor.virtualized import V
 
-Key = tuple[str, torch.dtype, int]
+Key = tuple[str, torch.dtype, "int | sympy.Expr"]  # numel: symbolic under dynamic shapes
 
 
 @dataclasses.dataclass
@@ -45,19 +46,18 @@ class PoolSlots:
         self.enabled = enabled and config.reuse_buffers_across_calls
 
     def candidate_bytes(self, buf: Buffer) -> int:
-        """Storage bytes of a buffer the pool could hold (static, CPU, large), else 0."""
+        """Storage bytes of a buffer the pool could hold (CPU, large), else 0; of a symbolic
+        size, its bytes at the size hints."""
         lay = buf.layout
-        numel = lay.storage_numel()
-        nbytes = int(numel) * lay.dtype.itemsize if numel.is_Integer else 0
-        static = all(sympy_int(e) for e in (*lay.size, *lay.stride, lay.offset))
-        ok = self.enabled and static and lay.device.type == "cpu" and lay.offset == 0
-        return nbytes if ok and nbytes >= config.pool_min_bytes else 0
+        ok = self.enabled and lay.device.type == "cpu" and lay.offset == 0
+        nbytes = V.graph.sizevars.hint(lay.storage_numel()) * lay.dtype.itemsize if ok else 0
+        return nbytes if nbytes >= config.pool_min_bytes else 0
 
     def alloc_line(self, buf: Buffer) -> str:
         lay = buf.layout
         self.count += 1
-        return (f"{buf.name} = mi_pool.take({self.count - 1}, {_shape(lay.size)}, {_shape(lay.stride)}, {lay.dtype}, "
-                f"{self.candidate_bytes(buf)})")
+        nbytes = py_index(sympy.expand(lay.storage_numel() * lay.dtype.itemsize))
+        return f"{buf.name} = mi_pool.take({self.count - 1}, {_shape(lay.size)}, {_shape(lay.stride)}, {lay.dtype}, {nbytes})"
 
 
 @dataclasses.dataclass
@@ -66,7 +66,11 @@ class _Site:
     buf: Buffer
     start: int
     end: int
-    nbytes: int  # 0 unless the pool could hold it
+    nbytes: int  # 0 unless the pool could hold it (of a symbolic size: at the size hints)
+
+    @property
+    def symbolic(self) -> bool:
+        return not self.buf.layout.storage_numel().is_Integer
 
 
 def _choose_pooled(sites: list[_Site], n_units: int) -> set[int]:
@@ -74,7 +78,8 @@ def _choose_pooled(sites: list[_Site], n_units: int) -> set[int]:
 
     A pooled storage is held for the whole call (and between calls); the others only while
     live. Largest first (the page faults saved grow with the size), a site is taken when the
-    peak of the resulting timeline stays at the plan's own peak."""
+    peak of the resulting timeline stays at the plan's own peak. A site of symbolic size only
+    when it is live through the whole call anyway: which step peaks may change with the sizes."""
     sizes = [s.nbytes for s in sites]
     live = [0] * max(n_units, 1)
     for s in sites:
@@ -83,7 +88,7 @@ def _choose_pooled(sites: list[_Site], n_units: int) -> set[int]:
     peak, held, chosen = max(live), 0, set()
     for i in sorted(range(len(sites)), key=lambda i: -sizes[i]):
         s = sites[i]
-        if not s.nbytes:
+        if not s.nbytes or (s.symbolic and (s.start > 0 or s.end < n_units - 1)):
             continue
         without = [v - (s.nbytes if s.start <= t <= s.end else 0) for t, v in enumerate(live)]
         if held + s.nbytes + max(without) <= peak:
@@ -172,20 +177,18 @@ def _stored_where_written(group: FusedGroup, writer_pos: int, name: str, n_outer
     return True
 
 
-def sympy_int(expr: Any) -> bool:
-    return getattr(expr, "is_Integer", isinstance(expr, int))
-
-
 def _shape(values: Any) -> str:
     items = [py_index(v) for v in values]
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
 def _key(layout: FixedLayout) -> Key | None:
-    numel = layout.storage_numel()
-    if not numel.is_Integer or int(numel) == 0:
+    """Device, dtype and storage numel, symbolic or not: equal keys have equal storage sizes at
+    every size, so one buffer's storage may serve the other."""
+    numel = sympy.expand(layout.storage_numel())
+    if numel == 0:
         return None
-    return (str(layout.device), layout.dtype, int(numel))
+    return (str(layout.device), layout.dtype, int(numel) if numel.is_Integer else numel)
 
 
 def allocated_buffers(unit: Any) -> list[Buffer]:
@@ -217,18 +220,23 @@ def _returns_alias(op: Any) -> bool:
 class _Timeline:
     """Bytes of the buffers we allocate, live during each unit when each is allocated at its
     first write and freed after its last use: holding a freed buffer for a later reuse is
-    allowed only while it keeps every unit at or under this plan's peak."""
+    allowed only while it keeps every unit at or under this plan's peak.
+
+    Under dynamic shapes the bytes are polynomials in the size symbols, and which unit peaks
+    may change with the sizes: a hold is then allowed only where some unit's live bytes
+    provably cover it at every size (``_covers``)."""
 
     def __init__(self, allocs_by_unit: list[list[Buffer]], last_use: dict[str, int], keep: set[str]) -> None:
         n = len(allocs_by_unit)
-        self.live = [0] * n
+        self.live: list[Any] = [0] * n
         for i, bufs in enumerate(allocs_by_unit):
             for b in bufs:
                 key = _key(b.layout)
                 end = n - 1 if b.name in keep else min(last_use.get(b.name, i), n - 1)
                 for t in range(i, end + 1):
                     self.live[t] += _nbytes(key)
-        self.peak = max(self.live, default=0)
+        self.symbolic = not all(isinstance(v, int) for v in self.live)
+        self.peak = 0 if self.symbolic else max(self.live, default=0)
         self.alloc_units: dict[Key, list[int]] = collections.defaultdict(list)
         for i, bufs in enumerate(allocs_by_unit):
             for b in bufs:
@@ -243,14 +251,27 @@ class _Timeline:
         if len(later) <= waiting:
             return False
         span = range(freed_after + 1, later[waiting])
-        if any(self.live[t] + _nbytes(key) > self.peak for t in span):
+        nbytes = _nbytes(key)
+        if self.symbolic:
+            # the units that peak at the size hints: the likeliest to cover the hold
+            hint = V.graph.sizevars.hint
+            tops = sorted(range(len(self.live)), key=lambda u: -hint(self.live[u]))[:3]
+            if not all(any(_covers(self.live[u], self.live[t] + nbytes) for u in tops) for t in span):
+                return False
+        elif any(self.live[t] + nbytes > self.peak for t in span):
             return False
         for t in span:
-            self.live[t] += _nbytes(key)
+            self.live[t] += nbytes
         return True
 
 
-def _nbytes(key: Key | None) -> int:
+def _covers(big: Any, small: Any) -> bool:
+    """``big >= small`` at every size: their difference, expanded, has no negative coefficient
+    (sizes are positive; a conservative test)."""
+    return all(c >= 0 for c in sympy.expand(sympy.sympify(big - small)).as_coefficients_dict().values())
+
+
+def _nbytes(key: Key | None) -> Any:  # an int, or a polynomial in the size symbols
     return 0 if key is None else key[2] * key[1].itemsize
 
 
