@@ -237,6 +237,7 @@ class _Timeline:
                     self.live[t] += _nbytes(key)
         self.symbolic = not all(isinstance(v, int) for v in self.live)
         self.peak = 0 if self.symbolic else max(self.live, default=0)
+        self.hints = [V.graph.sizevars.hint(v) for v in self.live] if self.symbolic else self.live
         self.alloc_units: dict[Key, list[int]] = collections.defaultdict(list)
         for i, bufs in enumerate(allocs_by_unit):
             for b in bufs:
@@ -254,10 +255,11 @@ class _Timeline:
         nbytes = _nbytes(key)
         if self.symbolic:
             # the units that peak at the size hints: the likeliest to cover the hold
-            hint = V.graph.sizevars.hint
-            tops = sorted(range(len(self.live)), key=lambda u: -hint(self.live[u]))[:3]
+            tops = sorted(range(len(self.live)), key=lambda u: -self.hints[u])[:3]
             if not all(any(_covers(self.live[u], self.live[t] + nbytes) for u in tops) for t in span):
                 return False
+            for t in span:
+                self.hints[t] += V.graph.sizevars.hint(nbytes)
         elif any(self.live[t] + nbytes > self.peak for t in span):
             return False
         for t in span:
