@@ -31,6 +31,12 @@ def test_transposed_operands_are_staged(tmp_path, monkeypatch, gathers: bool) ->
     # whole tiles staged, full blocks in registers
     assert f"mi_t0 += {rows})" in code and f"mi_t1 += {cols})" in code and "mi_transpose16(" in code
     assert f"float mi_stage0[{rows}][{cols}];" in code
+    # the operand read along the tile's rows (x: the output takes x.t()'s layout) is prefetched
+    # PREFETCH_ROWS rows ahead, one prefetch per line of a row; the staged one (y) is not
+    ahead = 131 * cpp_tiles.PREFETCH_ROWS
+    prefetches = [line.strip() for line in code.splitlines() if "__builtin_prefetch" in line]
+    assert prefetches == [f"__builtin_prefetch(&in_ptr0[{ahead + k} + mi_t1 + 131L*xo1], 0, 3);"
+                          for k in range(0, cols, 16)], prefetches
     code = compiled_code(lambda x, y: x.transpose(1, 2) * y + x.transpose(1, 2).exp(),
                          torch.randn(3, 150, 133), torch.randn(3, 133, 150), tmp_path=tmp_path / "b")
     assert "mi_stage0" in code and "mi_stage1" not in code  # one staged block serves both reads

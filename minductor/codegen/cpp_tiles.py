@@ -135,6 +135,7 @@ def _emit_staged_tiles(kernel: CppKernel, code: CodeBuffer, stage: StagedTile, l
         code.writeline(f"for (int64_t {v2} = mi_t0; {v2} < mi_t0 + mi_rows; {v2}++)")
         code.writeline("{")
         with code.indent(open_brace=False):
+            _prefetch_rows_ahead(code, stage, kernel.range_of)
             kernel.may_stream = not kernel.scatters
             store = kernel._stream_store(v1, sympy.Integer(cols))
             kernel.may_stream = False
@@ -145,6 +146,22 @@ def _emit_staged_tiles(kernel: CppKernel, code: CodeBuffer, stage: StagedTile, l
                 kernel.streamed = True
         code.writeline("}")
     code.writeline("}")
+
+
+def _prefetch_rows_ahead(code: CodeBuffer, stage: StagedTile, range_of: dict[sympy.Symbol, Expr]) -> None:
+    """The lines a row of the tile reads from its operands read along the row (``y`` of
+    ``x.t() + y``), ``PREFETCH_ROWS`` rows ahead: each row of a tile reads a segment of a few
+    lines, too short for the hardware prefetcher to follow (x.t() + y at 4096, kernels alone,
+    in alternation: 5.84-5.87 -> 5.53-5.67 ms; 1, 2 and 4 rows ahead 5.69-5.72, 5.57-5.68 and
+    5.53-5.67 ms)."""
+    t1, v1, v2 = index_symbol("mi_t1"), stage.v1, stage.v2
+    for (arg, index), itemsize in stage.row_loads.items():
+        for k in range(0, stage.cols, max(64 // itemsize, 1)):  # a prefetch per 64-byte line
+            ahead = simplify_index(sympy.expand(index.xreplace({v1: t1 + k, v2: v2 + PREFETCH_ROWS})), range_of)
+            code.writeline(f"__builtin_prefetch(&{arg}[{cpp_index(ahead)}], 0, 3);")
+
+
+PREFETCH_ROWS = 4
 
 
 @dataclasses.dataclass
@@ -172,11 +189,14 @@ class StagedTile:
         self.v1, self.s1, self.v2, self.s2, self.gathers = v1, s1, v2, s2, gathers
         self.fills: list[StageFill] = []
         self.by_access: dict[str, str] = {}
+        self.row_loads: dict[tuple[str, Expr], int] = {}  # (pointer, index) -> itemsize
         self.rows, self.cols = 0, 0  # the tile, once chosen (the arrays' extents)
 
     def maybe_stage(self, kernel: CppKernel, arg: str, dtype: torch.dtype, index: Expr) -> str | None:
         expr = simplify_index(sympy.expand(sympy.sympify(index).xreplace(kernel.substitution)), kernel.range_of)
         coeffs = affine_coeffs(expr, [self.v1, self.v2])
+        if coeffs is not None and coeffs[self.v1] == 1 and coeffs[self.v2] != 0:
+            self.row_loads[(arg, expr)] = dtype.itemsize  # read along the tile's rows: prefetched
         # (constant along v1, a per-row value: read as is, the compiler broadcasts it)
         if coeffs is None or coeffs[self.v2] != 1 or coeffs[self.v1] in (0, 1):
             return None
