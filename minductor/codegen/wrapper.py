@@ -116,13 +116,16 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
     inputs = graph.graph_input_names
     body.writeline(f"{', '.join(inputs)}{',' if len(inputs) == 1 else ''} = args" if inputs else "pass")
     body.writeline("args.clear()")
-    _bind_sizes(body, graph)
+    bound = _bind_sizes(body, graph)
+
+    def checked(values: Any) -> str:  # symbolic entries by their values once bound (torch's C++ check takes ints)
+        items = [py_index(e) if {s.name for s in e.free_symbols} <= bound else "None" for e in values]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
     for name in inputs:
         buf = graph.graph_inputs.get(name)
         if buf is not None:
-            size = tuple(int(s) if s.is_Integer else None for s in buf.layout.size)
-            stride = tuple(int(s) if s.is_Integer else None for s in buf.layout.stride)
-            body.writeline(f"assert_size_stride({name}, {size}, {stride}, {name!r})")
+            body.writeline(f"assert_size_stride({name}, {checked(buf.layout.size)}, {checked(buf.layout.stride)}, {name!r})")
     outputs = scheduler.output_names()
     # training graphs hold no storages across calls: a forward's pool would sit on memory
     # through the backward (and vice versa), above eager's peak
@@ -209,8 +212,9 @@ def _render_standalone(graph: Any) -> str:
     return out.getvalue()
 
 
-def _bind_sizes(body: CodeBuffer, graph: Any) -> None:
-    """Bind each size symbol once: from a SymInt input, or from an input tensor's size/stride."""
+def _bind_sizes(body: CodeBuffer, graph: Any) -> set[str]:
+    """Bind each size symbol once: from a SymInt input, or from an input tensor's size/stride.
+    Returns the names bound."""
     bound: set[str] = set()
     for name, expr in graph.symbol_inputs.items():
         if expr.is_Symbol and expr.name not in bound:
@@ -225,6 +229,7 @@ def _bind_sizes(body: CodeBuffer, graph: Any) -> None:
                 if expr.is_Symbol and expr.name not in bound:
                     body.writeline(f"{expr.name} = {name}.{method}({dim})")
                     bound.add(expr.name)
+    return bound
 
 
 def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode, graph: Any) -> None:
