@@ -189,7 +189,7 @@ def test_symbolic_rows_keep_their_stats_in_locals_and_outputs_in_the_pool(case, 
     assert "mi_pool.take(0, (s" in code, code
     # the input check compares with the bound sizes (torch's C++ check), not None placeholders
     checks = [line for line in code.splitlines() if "assert_size_stride(arg" in line]
-    assert checks and all("(s" in line and "None" not in line for line in checks), checks
+    assert any("(s" in line for line in checks) and not any("None" in line for line in checks), checks
     if case == "softmax":
         assert "reuse in place" in code, code
 
