@@ -34,7 +34,7 @@ from minductor.codegen.cpp_stream import (
     simd_loop,
     streamable_buffer,
 )
-from minductor.codegen.cpp_rows import fold_into_reductions, register_results, row_offset
+from minductor.codegen.cpp_rows import declare_rows, fold_into_reductions, free_rows, register_results, row_offset
 from minductor.codegen.cpp_rewrites import LoopShape, hoist_inner_invariants, prefetch_next_rows, prefetch_row_stores
 from minductor.codegen.cpp_split_rows import THREADS_LINE, emit_split_rows, splits_rows
 from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
@@ -130,8 +130,8 @@ class CppKernel:
         self.internal: frozenset[str] = frozenset()  # written here, read nowhere else (wrapper)
         self.written_over: dict[str, str] = {}  # output -> dying input whose storage it takes (wrapper)
         self.local: dict[str, str] = {}  # of those, kept in a per-iteration local: name -> C++ name
-        self.row_candidates: dict[str, int] = {}  # of those, what may live in a row scratch (row_scratch_buffers)
-        self.rows: dict[str, tuple[str, int]] = {}  # of those, kept in a row scratch: name -> (array, elements)
+        self.row_candidates: dict[str, int | Expr] = {}  # of those, what may live in a row scratch (row_scratch_buffers)
+        self.rows: dict[str, tuple[str, int | Expr]] = {}  # of those, kept in a row scratch: name -> (array, elements)
 
     # -- handler callbacks ---------------------------------------------------------------
 
@@ -401,8 +401,7 @@ class CppKernel:
             opened += 1
         for b, v in self.local.items():
             code.writeline(f"{CPP_STORAGE_TYPES[V.graph.get_dtype(b)]} {v}[1];  // {b}, kept in a local")
-        for b, (v, numel) in self.rows.items():
-            code.writeline(f"alignas(64) {CPP_STORAGE_TYPES[V.graph.get_dtype(b)]} {v}[{numel}];  // {b}, one row of it")
+        declare_rows(code, self.rows)
         if len(loops) == 1:
             self.emit_loop(code, outer, loops[0])
             inner_size = outer.sizes[-1] if n else None
@@ -410,6 +409,7 @@ class CppKernel:
                 hoist_inner_invariants(self, code, start, str(outer.variables[-1]), int(inner_size))
         else:
             self._emit_loop_functions(code, outer, loops)
+        free_rows(code, self.rows)
         for _ in range(opened):
             code._indent -= 1
             code.writeline("}")

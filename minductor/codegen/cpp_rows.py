@@ -22,18 +22,19 @@ went from 9.1-9.5 to 4.7-5.4 ms in ``python -m minductor.bench softmax``.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 import sympy
 import torch
 
 from minductor import config
+from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index
 from minductor.codegen.loop_shapes import Loop, inner_vars, reads_only_at
 from minductor.ir.indexing import make_vars
 from minductor.scheduler.deps import MemoryDep
 from minductor.scheduler.nodes import FusedGroup
 from minductor.sizevars import size_symbols
+from minductor.virtualized import V
 
 # bytes of one row's scratch: L1-sized, and small for an OpenMP worker's stack
 ROW_SCRATCH_MAX_BYTES = 64 * 1024
@@ -49,13 +50,14 @@ def _dense_offset(inner: list[tuple[sympy.Symbol, sympy.Expr]]) -> sympy.Expr:
     return offset
 
 
-def row_scratch_buffers(group: FusedGroup, internal: Iterable[str]) -> dict[str, int]:
+def row_scratch_buffers(group: FusedGroup, internal: Iterable[str]) -> dict[str, int | sympy.Expr]:
     """Buffers of ``group`` that can live in a per-row scratch: name -> elements per row.
 
     A pointwise node's output qualifies when nothing outside the group reads it
-    (``internal``), its elements per outer iteration are a static count of at most
-    ``ROW_SCRATCH_MAX_BYTES``, it is stored at ``outer part + dense row offset``, and every
-    read of it is a later node's, at exactly the element the same iteration stored."""
+    (``internal``), its elements per outer iteration are at most ``ROW_SCRATCH_MAX_BYTES``
+    (a symbolic count: at the size hints; the kernel takes longer rows on the heap), it is
+    stored at ``outer part + dense row offset``, and every read of it is a later node's, at
+    exactly the element the same iteration stored."""
     n_outer = len(group.outer)
     internal = set(internal)
     found: dict[str, int] = {}
@@ -69,11 +71,11 @@ def row_scratch_buffers(group: FusedGroup, internal: Iterable[str]) -> dict[str,
         writes = [d for d in node.read_writes.writes if d.name == name]
         inner = inner_vars(node, n_outer)
         sizes = [size for _, size in inner]
-        if len(writes) != 1 or not isinstance(writes[0], MemoryDep) or not inner \
-                or not all(isinstance(s, sympy.Integer) for s in sizes):
+        if len(writes) != 1 or not isinstance(writes[0], MemoryDep) or not inner:
             continue
-        numel = math.prod(int(s) for s in sizes)
-        if numel < 2 or numel * node.node.get_dtype().itemsize > ROW_SCRATCH_MAX_BYTES:
+        numel = sympy.expand(sympy.Mul(*sizes))
+        count = V.graph.sizevars.hint(numel)
+        if count < 2 or count * node.node.get_dtype().itemsize > ROW_SCRATCH_MAX_BYTES:
             continue
         index = sympy.expand(writes[0].index)
         offset = _dense_offset(inner)
@@ -81,7 +83,7 @@ def row_scratch_buffers(group: FusedGroup, internal: Iterable[str]) -> dict[str,
                 or (sympy.expand(index - offset).free_symbols & {v for v, _ in inner}):
             continue
         if reads_only_at(group, name, index, inner, n_outer, range(pos + 1, len(group.nodes))):
-            found[name] = numel
+            found[name] = int(numel) if numel.is_Integer else numel
     return found
 
 
@@ -128,3 +130,24 @@ def fold_into_reductions(loops: list[Loop], rows: Iterable[str]) -> list[Loop]:
         else:
             out.append(loop)
     return out
+
+
+def declare_rows(code: CodeBuffer, rows: dict[str, tuple[str, int | sympy.Expr]]) -> None:
+    """Declare the row scratch arrays (buffer -> (array, elements)) in an outer iteration. A
+    row of symbolic length is on the stack up to ``ROW_SCRATCH_MAX_BYTES``, longer ones on
+    the heap (``free_rows`` at the iteration's end)."""
+    for b, (v, numel) in rows.items():
+        dtype = V.graph.get_dtype(b)
+        ctype = CPP_STORAGE_TYPES[dtype]
+        if isinstance(numel, int):
+            code.writeline(f"alignas(64) {ctype} {v}[{numel}];  // {b}, one row of it")
+            continue
+        cap, n = ROW_SCRATCH_MAX_BYTES // dtype.itemsize, cpp_index(numel)
+        code.writeline(f"alignas(64) {ctype} {v}_stack[{cap}];  // {b}, one row of it")
+        code.writeline(f"{ctype}* {v} = {n} <= {cap} ? {v}_stack : static_cast<{ctype}*>(__builtin_malloc(sizeof({ctype}) * {n}));")
+
+
+def free_rows(code: CodeBuffer, rows: dict[str, tuple[str, int | sympy.Expr]]) -> None:
+    for v, numel in rows.values():
+        if not isinstance(numel, int):
+            code.writeline(f"if ({v} != {v}_stack) __builtin_free({v});")
