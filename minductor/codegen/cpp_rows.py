@@ -60,7 +60,7 @@ def row_scratch_buffers(group: FusedGroup, internal: Iterable[str]) -> dict[str,
     exactly the element the same iteration stored."""
     n_outer = len(group.outer)
     internal = set(internal)
-    found: dict[str, int] = {}
+    found: dict[str, int | sympy.Expr] = {}
     if n_outer == 0 or not config.row_scratch:
         return found
     outer_zero = {v: sympy.Integer(0) for v in make_vars("x", n_outer)}
