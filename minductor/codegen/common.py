@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import sympy
 import torch
@@ -59,6 +59,12 @@ def cpp_index(expr: Expr) -> str:
     if isinstance(expr, sympy.Min):
         return f"mi_min_i64({cpp_index(expr.args[0])}, {cpp_index(sympy.Min(*expr.args[1:]))})"
     raise NotImplementedError(f"cannot print index expression {expr} ({type(expr).__name__})")
+
+
+def py_shape(values: Sequence[Expr | None]) -> str:
+    """A tuple of size expressions as Python source (None stays None: unchecked)."""
+    items = ["None" if v is None else py_index(v) for v in values]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
 def py_index(expr: Expr) -> str:

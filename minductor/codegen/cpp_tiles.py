@@ -148,6 +148,9 @@ def _emit_staged_tiles(kernel: CppKernel, code: CodeBuffer, stage: StagedTile, l
     code.writeline("}")
 
 
+PREFETCH_ROWS = 4  # how far ahead a staged tile's row prefetches its row-contiguous operands
+
+
 def _prefetch_rows_ahead(code: CodeBuffer, stage: StagedTile, range_of: dict[sympy.Symbol, Expr]) -> None:
     """The lines a row of the tile reads from its operands read along the row (``y`` of
     ``x.t() + y``), ``PREFETCH_ROWS`` rows ahead: each row of a tile reads a segment of a few
@@ -159,9 +162,6 @@ def _prefetch_rows_ahead(code: CodeBuffer, stage: StagedTile, range_of: dict[sym
         for k in range(0, stage.cols, max(64 // itemsize, 1)):  # a prefetch per 64-byte line
             ahead = simplify_index(sympy.expand(index.xreplace({v1: t1 + k, v2: v2 + PREFETCH_ROWS})), range_of)
             code.writeline(f"__builtin_prefetch(&{arg}[{cpp_index(ahead)}], 0, 3);")
-
-
-PREFETCH_ROWS = 4
 
 
 @dataclasses.dataclass

@@ -21,7 +21,7 @@ import sympy
 import torch
 
 from minductor import config, metrics
-from minductor.codegen.common import py_index
+from minductor.codegen.common import py_index, py_shape
 from minductor.codegen.loop_shapes import inner_vars, reads_only_at
 from minductor.ir.layout import FixedLayout
 from minductor.ir.nodes import Buffer, ComputedBuffer, ExternKernelAlloc, ExternKernelOut, FallbackKernel
@@ -57,7 +57,7 @@ class PoolSlots:
         lay = buf.layout
         self.count += 1
         nbytes = py_index(sympy.expand(lay.storage_numel() * lay.dtype.itemsize))
-        return f"{buf.name} = mi_pool.take({self.count - 1}, {_shape(lay.size)}, {_shape(lay.stride)}, {lay.dtype}, {nbytes})"
+        return f"{buf.name} = mi_pool.take({self.count - 1}, {py_shape(lay.size)}, {py_shape(lay.stride)}, {lay.dtype}, {nbytes})"
 
 
 @dataclasses.dataclass
@@ -177,18 +177,13 @@ def _stored_where_written(group: FusedGroup, writer_pos: int, name: str, n_outer
     return True
 
 
-def _shape(values: Any) -> str:
-    items = [py_index(v) for v in values]
-    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
-
-
 def _key(layout: FixedLayout) -> Key | None:
     """Device, dtype and storage numel, symbolic or not: equal keys have equal storage sizes at
     every size, so one buffer's storage may serve the other."""
-    numel = sympy.expand(layout.storage_numel())
-    if numel == 0:
-        return None
-    return (str(layout.device), layout.dtype, int(numel) if numel.is_Integer else numel)
+    numel = layout.storage_numel()
+    if numel.is_Integer:
+        return None if numel == 0 else (str(layout.device), layout.dtype, int(numel))
+    return (str(layout.device), layout.dtype, sympy.expand(numel))
 
 
 def allocated_buffers(unit: Any) -> list[Buffer]:
@@ -357,7 +352,7 @@ def plan_memory(graph: Any, units: list[Any], last_use: dict[str, int], outputs:
 def _alloc_line(buf: Buffer) -> str:
     lay = buf.layout
     return (
-        f"{buf.name} = empty_strided({_shape(lay.size)}, {_shape(lay.stride)}, "
+        f"{buf.name} = empty_strided({py_shape(lay.size)}, {py_shape(lay.stride)}, "
         f"device={str(lay.device)!r}, dtype={lay.dtype})"
     )
 
@@ -366,4 +361,4 @@ def _reuse_line(buf: Buffer, old: str, ours: dict[str, Buffer], comment: str = "
     lay, old_lay = buf.layout, ours[old].layout
     if tuple(lay.size) == tuple(old_lay.size) and tuple(lay.stride) == tuple(old_lay.stride) and lay.offset == 0:
         return f"{buf.name} = {old}; del {old}  # {comment}"
-    return f"{buf.name} = reinterpret_tensor({old}, {_shape(lay.size)}, {_shape(lay.stride)}, 0); del {old}  # {comment}"
+    return f"{buf.name} = reinterpret_tensor({old}, {py_shape(lay.size)}, {py_shape(lay.stride)}, 0); del {old}  # {comment}"

@@ -9,7 +9,7 @@ import sympy
 import torch
 
 from minductor import config
-from minductor.codegen.common import CodeBuffer, KernelCode, py_index
+from minductor.codegen.common import CodeBuffer, KernelCode, py_index, py_shape
 from minductor.codegen.cpp import CppKernel, kernel_name
 from minductor.codegen.cpp_scan import CppScanKernel
 from minductor.codegen.cpp_rows import row_scratch_buffers
@@ -76,16 +76,11 @@ def _internal_buffers(group: FusedGroup, i: int, last_use: dict[str, int], outpu
                      if not n.node.mutates and n.node.name not in outputs and last_use.get(n.node.name) == i)
 
 
-def _shape(values: Any) -> str:
-    items = [py_index(v) for v in values]
-    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
-
-
 def py_arg(obj: Any) -> str:
     """Python source for an extern call argument."""
     if isinstance(obj, ReinterpretView):
         lay = obj.layout
-        return f"reinterpret_tensor({obj.data.name}, {_shape(lay.size)}, {_shape(lay.stride)}, {py_index(lay.offset)})"
+        return f"reinterpret_tensor({obj.data.name}, {py_shape(lay.size)}, {py_shape(lay.stride)}, {py_index(lay.offset)})"
     if isinstance(obj, Buffer):
         return obj.name
     if isinstance(obj, IRNode):
@@ -119,8 +114,7 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
     bound = _bind_sizes(body, graph)
 
     def checked(values: Any) -> str:  # symbolic entries by their values once bound (torch's C++ check takes ints)
-        items = [py_index(e) if {s.name for s in e.free_symbols} <= bound else "None" for e in values]
-        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+        return py_shape([e if {s.name for s in e.free_symbols} <= bound else None for e in values])
 
     for name in inputs:
         buf = graph.graph_inputs.get(name)
@@ -247,7 +241,7 @@ def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode, graph: Any) -> Non
         body.writeline(f"{node.name} = {op}({', '.join(args + kwargs)})")
         lay = node.layout  # aten chose these strides; the kernels after it were generated for them
         if all(e.is_Integer for e in (*lay.size, *lay.stride)):
-            body.writeline(f"assert_size_stride({node.name}, {_shape(lay.size)}, {_shape(lay.stride)}, {node.name!r})")
+            body.writeline(f"assert_size_stride({node.name}, {py_shape(lay.size)}, {py_shape(lay.stride)}, {node.name!r})")
     else:
         assert isinstance(node, FallbackKernel)
         body.writeline(f"{node.name} = {op}({', '.join(args + kwargs)})  # fallback")
