@@ -329,11 +329,12 @@ class CppKernel:
         outer_numel = sympy.Mul(*outer) if outer else sympy.Integer(1)
         inner_work = sum((sympy.Mul(*(lp.pw_inner + lp.red)) for lp in loops), sympy.Integer(0))
         work = V.graph.sizevars.hint(outer_numel * sympy.Max(inner_work, 1))
-        # a scatter (indirect or combining store) runs serially: no races, eager's order; and no
-        # `omp simd` either, which would promise the vectorizer that no two lanes store to one place
-        parallel = work >= PARALLEL_THRESHOLD and not any(n.node.mutates for n in self.group.nodes)
-        self.scatters = any(n.node.mutates and (n.node.store_mode is not None or any(isinstance(d, StarDep) for d in n.read_writes.writes))
-                            for n in self.group.nodes)
+        # a scatter (indirect or combining store) runs serially: no races, eager's order; and no `omp
+        # simd`, which would promise that no two lanes store to one place. A plain store into a buffer
+        # it does not read (a cat's slice) runs in parallel
+        muts = [n for n in self.group.nodes if n.node.mutates]
+        self.scatters = any(n.node.store_mode is not None or any(isinstance(d, StarDep) for d in n.read_writes.writes) for n in muts)
+        parallel = work >= PARALLEL_THRESHOLD and not self.scatters and not any(n.node.mutates in n.read_writes.read_names() for n in muts)
         code = CodeBuffer()
         code.writeline(f"// Source nodes: {', '.join(self.group.names())}")
         for n in self.group.nodes:

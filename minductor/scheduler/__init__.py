@@ -71,12 +71,14 @@ class Scheduler:
         return {storage_name(o) for o in self.graph.graph_outputs if isinstance(o, IRNode)}
 
     def eliminate_dead_nodes(self) -> None:
-        """Drop kernels whose results nobody reads (fallbacks stay: they may have effects)."""
+        """Drop kernels whose results nobody reads (fallbacks stay: they may have effects), and
+        stores into a buffer of ours that nobody reads afterwards (a scatter or a cat slice)."""
         live = self.output_names()
         kept: list[BaseSchedulerNode] = []
         for node in reversed(self.nodes):
+            target = getattr(node.node, "mutates", None)
             side_effects = (isinstance(node, ExternSchedulerNode) and node.has_side_effects()) or bool(
-                getattr(node.node, "mutates", None)
+                target and (target in live or target in self.graph.graph_inputs)
             )
             if node.get_name() in live or side_effects:
                 kept.append(node)
