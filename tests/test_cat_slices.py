@@ -100,3 +100,19 @@ def test_gradients_through_a_large_cat() -> None:
     torch.testing.assert_close(out, fn(x, w))
     torch.testing.assert_close(gx, ex)
     torch.testing.assert_close(gw, ew)
+
+
+@pytest.mark.parametrize("numel_floor", [CAT_SLICES_MIN_NUMEL, 1 << 62], ids=["slices", "masked"])
+def test_channels_last_inputs_give_a_channels_last_result(tmp_path: Path, numel_floor: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager's cat keeps the inputs' common memory format; so does ours, with no copy after."""
+    import minductor.lowering.constructors as constructors
+
+    monkeypatch.setattr(constructors, "CAT_SLICES_MIN_NUMEL", numel_floor)
+    x = torch.randn(4, 32, 32, 32).to(memory_format=torch.channels_last)
+    y = torch.randn(4, 16, 32, 32).to(memory_format=torch.channels_last)
+    fn = lambda x, y: torch.cat([x, y * 2], 1)  # noqa: E731
+    code = _compile(fn, x, y, tmp_path=tmp_path)
+    out = torch.compile(fn, backend="minductor")(x, y)
+    assert out.stride() == fn(x, y).stride()
+    assert len(re.findall(r"cpp_fused\w*_source = ", code)) == (2 if numel_floor == CAT_SLICES_MIN_NUMEL else 1), code

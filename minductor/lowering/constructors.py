@@ -9,13 +9,14 @@ import torch
 
 from minductor import config
 from minductor.ir.indexing import FloorDiv
-from minductor.ir.layout import FlexibleLayout
+from minductor.ir.layout import FixedLayout, FlexibleLayout
 from minductor.ir.nodes import ComputedBuffer, Pointwise, TensorBox
 from minductor.ir.ops import ops
 from minductor.lowering.registry import (
     Promotion,
     Unsupported,
     aten,
+    common_layout_hint,
     expand_to,
     is_tensor,
     origins_of,
@@ -177,7 +178,9 @@ def iota(length: int, *, start: int, step: int, dtype: torch.dtype, device: Any,
 
 @register_lowering(aten.cat)
 def cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
-    """Concatenation as one pointwise body that selects its source by index (masked loads)."""
+    """Concatenation: large on CPU, one kernel per input writing its slice; otherwise one
+    pointwise body that selects its source by index (masked loads). Channels-last inputs give
+    a channels-last result, as in eager."""
     tensors = [t for t in tensors if not (len(t.get_size()) == 1 and t.get_size()[0] == 0)] or list(tensors[:1])
     if len(tensors) == 1:
         from minductor.lowering.pointwise import clone
@@ -198,9 +201,10 @@ def cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
         t_size = list(size)
         t_size[dim] = t.get_size()[dim]
         parts.append(expand_to(t, t_size).make_loader())
-    device = tensors[0].get_device()
+    device, order = tensors[0].get_device(), common_layout_hint(tensors, ndim)
     if device.type == "cpu" and config.cpu_backend == "cpp" and V.graph.sizevars.hint(sympy.Mul(*size)) >= CAT_SLICES_MIN_NUMEL:
-        return _cat_into_slices(device, dtype, size, dim, [t.get_size()[dim] for t in tensors], offsets, parts,
+        layout = FlexibleLayout.in_order(device, dtype, size, order) if order else FlexibleLayout.contiguous(device, dtype, size)
+        return _cat_into_slices(layout.freeze(), dim, [t.get_size()[dim] for t in tensors], offsets, parts,
                                 origins_of(*tensors) | {"cat"})
 
     def inner_fn(index: Sequence[Expr]) -> Any:
@@ -214,11 +218,11 @@ def cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
             result = value if result is None else ops.where(_in_part(i, offsets[k], k, offsets, total), value, result)
         return result
 
-    return TensorBox.create(Pointwise(tensors[0].get_device(), dtype, inner_fn, size, origins=origins_of(*tensors) | {"cat"}))
+    return TensorBox.create(Pointwise(device, dtype, inner_fn, size, origins=origins_of(*tensors) | {"cat"}, stride_order=order))
 
 
-def _cat_into_slices(device: torch.device, dtype: torch.dtype, size: list[Expr], dim: int, extents: list[Expr],
-                     offsets: list[Expr], parts: list[Any], origins: frozenset[str]) -> TensorBox:
+def _cat_into_slices(layout: FixedLayout, dim: int, extents: list[Expr], offsets: list[Expr], parts: list[Any],
+                     origins: frozenset[str]) -> TensorBox:
     """A large CPU concatenation as one kernel per input, each writing its slice of the output.
 
     The single masked pointwise body evaluates every input's load and mask at every element
@@ -230,12 +234,11 @@ def _cat_into_slices(device: torch.device, dtype: torch.dtype, size: list[Expr],
     from minductor.lowering.scatter import _mutate
 
     def part_size(k: int) -> list[Expr]:
-        s = list(size)
+        s = list(layout.size)
         s[dim] = extents[k]
         return s
 
-    layout = FlexibleLayout.contiguous(device, dtype, size).freeze()
-    owner = ComputedBuffer(name="", layout=layout, data=Pointwise(device, dtype, parts[0], part_size(0), origins=origins))
+    owner = ComputedBuffer(name="", layout=layout, data=Pointwise(layout.device, layout.dtype, parts[0], part_size(0), origins=origins))
     V.graph.register_buffer(owner)
     indexer = layout.make_indexer()
     for k in range(1, len(parts)):

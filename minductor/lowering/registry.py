@@ -135,6 +135,12 @@ def layout_hint(tensors: Sequence[Any], size: Sequence[Expr]) -> tuple[int, ...]
     return None
 
 
+def common_layout_hint(tensors: Sequence[Any], rank: int) -> tuple[int, ...] | None:
+    """Channels-last when every input is stored channels-last (as eager's cat decides)."""
+    order = channels_last_order(rank)
+    return order if order is not None and all(_stored_in(t) == order for t in tensors) else None
+
+
 def _stored_in(x: TensorBox) -> tuple[int, ...] | None:
     """The stride order ``x`` is (or will be) stored in, when that is channels-last."""
     data = x.data
