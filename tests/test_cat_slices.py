@@ -116,3 +116,23 @@ def test_channels_last_inputs_give_a_channels_last_result(tmp_path: Path, numel_
     out = torch.compile(fn, backend="minductor")(x, y)
     assert out.stride() == fn(x, y).stride()
     assert len(re.findall(r"cpp_fused\w*_source = ", code)) == (2 if numel_floor == CAT_SLICES_MIN_NUMEL else 1), code
+
+
+@pytest.mark.parametrize("shape", [(8, 4, 128, 64), (2, 3, 5, 7)])
+def test_heads_merged_into_rows_read_in_contiguous_runs(tmp_path: Path, shape: tuple[int, ...]) -> None:
+    """Reading (b, h, t, d) as (b, t, h*d) indexes ``h*d`` through ``/ d`` and ``% d``: the
+    pointwise loop over it is split into ``h`` and ``d``, so each inner run is contiguous."""
+    b, h, t, d = shape
+    q = torch.randn(b, h, t, d)
+    code = _compile(lambda q: q.transpose(1, 2).reshape(b, t, h * d) * 2, q, tmp_path=tmp_path)
+    assert f"/ {d})" not in code and f"% {d})" not in code, code
+    assert re.search(rf"for \(int64_t xo\d = 0; xo\d < {d}; xo\d\+\+\)", code), code
+
+
+def test_a_dim_cut_at_two_points_is_not_split(tmp_path: Path) -> None:
+    """Indices cutting one dim at 4 and at 6 (two reshapes of one flat dim): no single split
+    serves both, the loop stays whole and the results still match."""
+    x, y = torch.randn(16, 6, 4), torch.randn(16, 4, 6)
+    code = _compile(lambda x, y: x.transpose(1, 2).reshape(16, 24) + y.transpose(1, 2).reshape(16, 24), x, y,
+                    tmp_path=tmp_path)
+    assert "for (int64_t xo1 = 0; xo1 < 24; xo1++)" in code, code

@@ -50,6 +50,7 @@ from minductor.codegen.loop_shapes import (
     linear_index,
     merge_dims,
     outer_lane_width,
+    split_and_merge_dims,
     vectorizes_outside,
 )
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
@@ -317,14 +318,15 @@ class CppKernel:
         loops = self.split_loops()
         all_exprs = [e for n in self.group.nodes for e in n.read_writes.index_exprs]
         outer_vars = make_vars("x", n_outer)
-        merged_outer = merge_dims(outer_vars, outer, all_exprs, "x")
+        pure_pointwise = len(loops) == 1 and not loops[0].pw_inner and not loops[0].red
+        merged_outer = (split_and_merge_dims if pure_pointwise else merge_dims)(outer_vars, outer, all_exprs, "x")
         # merged outer vars are renamed to avoid clashing with inner x-vars
         rename = {v: index_symbol(f"xo{i}") for i, v in enumerate(merged_outer.variables)}
         merged_outer = MergedDims(
             [rename[v] for v in merged_outer.variables], merged_outer.sizes,
             {k: v.xreplace(rename) for k, v in merged_outer.substitution.items()},
         )
-        if len(loops) == 1 and not loops[0].pw_inner and not loops[0].red:
+        if pure_pointwise:
             merged_outer = in_store_order(merged_outer, self.group.nodes)
         outer_numel = sympy.Mul(*outer) if outer else sympy.Integer(1)
         inner_work = sum((sympy.Mul(*(lp.pw_inner + lp.red)) for lp in loops), sympy.Integer(0))
