@@ -136,3 +136,18 @@ def test_a_dim_cut_at_two_points_is_not_split(tmp_path: Path) -> None:
     code = _compile(lambda x, y: x.transpose(1, 2).reshape(16, 24) + y.transpose(1, 2).reshape(16, 24), x, y,
                     tmp_path=tmp_path)
     assert "for (int64_t xo1 = 0; xo1 < 24; xo1++)" in code, code
+
+
+@pytest.mark.parametrize("second", ["other", "same"])
+def test_output_may_take_the_storage_of_an_input_that_dies_in_the_first_slice(tmp_path: Path, second: str) -> None:
+    """``y`` (as large as the cat) is read by the first slice at exactly the elements it writes:
+    the output may take y's storage, but only if no later slice still reads ``y``."""
+    x, z = torch.randn(256, 256), torch.randn(256, 128)
+
+    def fn(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        y = x.exp()
+        rest = z * 3 if second == "other" else y[:, 128:] + 1
+        return torch.cat([y[:, :128], rest], 1)
+
+    code = _compile(fn, x, z, tmp_path=tmp_path)
+    assert len(_cat_kernels(code)) == 2, code

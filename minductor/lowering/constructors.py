@@ -205,7 +205,7 @@ def cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
     if device.type == "cpu" and config.cpu_backend == "cpp" and V.graph.sizevars.hint(sympy.Mul(*size)) >= CAT_SLICES_MIN_NUMEL:
         layout = FlexibleLayout.in_order(device, dtype, size, order) if order else FlexibleLayout.contiguous(device, dtype, size)
         return _cat_into_slices(layout.freeze(), dim, [t.get_size()[dim] for t in tensors], offsets, parts,
-                                origins_of(*tensors) | {"cat"})
+                                origins_of(tensors[0]) | {"cat"})
 
     def inner_fn(index: Sequence[Expr]) -> Any:
         i = index[dim]
