@@ -68,19 +68,19 @@ def test_two_outputs_one_streams(tmp_path) -> None:
 def test_checked_kernels_that_stream_reduce_their_error_flag(tmp_path, monkeypatch) -> None:
     """A bounds-checked kernel reduces its error flag over the parallel region (the streaming
     loop is a work-sharing ``omp for`` inside it); a bad index still raises. (Kernels that
-    load through computed indices do not stream by default: the test lifts that rule.)"""
+    gather do not stream by default: the test lifts that rule.)"""
     from minductor.codegen.cpp import CppKernel
 
     original = CppKernel._stream_store
 
-    def ignoring_indirect(self, var, length):
-        indirect, self.indirect = self.indirect, False
+    def ignoring_gathers(self, var, length):
+        gathers, self.gathers = self.gathers, False
         try:
             return original(self, var, length)
         finally:
-            self.indirect = indirect
+            self.gathers = gathers
 
-    monkeypatch.setattr(CppKernel, "_stream_store", ignoring_indirect)
+    monkeypatch.setattr(CppKernel, "_stream_store", ignoring_gathers)
     x, index = torch.randn(300, 200), torch.randint(0, 200, (300, 150))
     code = compiled_code(lambda x, i: torch.gather(x, 1, i) * 2, x, index, tmp_path=tmp_path)
     assert "mi_stream_store(" in code and "mi_bad" in code
@@ -97,10 +97,9 @@ def test_what_does_not_stream(tmp_path) -> None:
     # output's storage, then scales them in place)
     with config.patch(row_scratch=False):
         assert "mi_stream" not in compiled_code(lambda x: x.softmax(-1), x, tmp_path=tmp_path / "softmax")
-    # loads through computed indices (measured slower)
-    emb = torch.randn(1000, 64)
-    assert "mi_stream" not in compiled_code(lambda i: F.embedding(i, emb), torch.randint(0, 1000, (700,)),
-                                            tmp_path=tmp_path / "emb")
+    # a gather: loads through an index that changes along the row
+    assert "mi_stream" not in compiled_code(lambda x, i: torch.gather(x, 1, i) * 2, x, torch.randint(0, 200, (64, 150)),
+                                            tmp_path=tmp_path / "gather")
     # other dtypes, rows shorter than a line
     assert "mi_stream" not in compiled_code(lambda x: x.double() * 2, x, tmp_path=tmp_path / "f64")
     assert "mi_stream" not in compiled_code(lambda x, b: x * b, torch.randn(20000, 3), torch.randn(3), tmp_path=tmp_path / "short")
@@ -120,3 +119,21 @@ def test_streaming_stores_compile_to_non_temporal_instructions(tmp_path) -> None
     flags = [f for f in compiler_flags(config.cxx) if f not in ("-shared", "-fPIC")]
     asm = subprocess.run([config.cxx, *flags, "-S", str(source), "-o", "-"], capture_output=True, text=True, check=True).stdout
     assert "movntps" in asm
+
+
+@pytest.mark.parametrize("op", ["embedding", "index_select"])
+def test_rows_read_through_one_index_stream_and_check_it_once(tmp_path, op: str) -> None:
+    """A row read through one index (an embedding row, index_select) streams its output, the
+    index read and bounds-checked once before the row's loops, not per line; a bad index
+    still raises IndexError."""
+    table, index = torch.randn(1000, 200), torch.randint(0, 1000, (700,))
+    fn = (lambda i, t: F.embedding(i, t)) if op == "embedding" else (lambda i, t: t.index_select(0, i) * 2)
+    code = compiled_code(fn, index, table, tmp_path=tmp_path)
+    assert "mi_stream_store(" in code, code
+    streamed = code[code.index("const int64_t mi_lo"):]
+    assert "mi_err[0] = 1" in code and "mi_err[0] = 1" not in streamed, code  # checked before the loops
+    loop = streamed[streamed.index("for (int64_t mi_line_at"):].split("mi_stream_store(")[0]
+    assert "in_ptr0[" not in loop, loop  # the index is not re-read per line
+    torch._dynamo.reset()
+    with config.patch(stream_store_min_bytes=1), pytest.raises(IndexError):
+        torch.compile(fn, backend="minductor")(index + 1000, table)

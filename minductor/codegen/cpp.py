@@ -630,7 +630,7 @@ class CppKernel:
     def _stream_store(self, var: sympy.Symbol, length: Expr) -> StreamStore | None:
         """The body store to stream along ``var``; it leaves ``body_stores`` (which
         ``prefetch_row_stores`` would otherwise prefetch for writing)."""
-        if not self.may_stream or self.masks or self.stage is not None or self.indirect:
+        if not self.may_stream or self.masks or self.stage is not None or self.gathers:
             return None
         stores = [(name, arg, index) for name, (arg, index, _) in zip(self.body_store_names, self.body_stores)]
         store = pick_stream_store(stores, self.body.lines, var, length, self._read_names())
