@@ -49,12 +49,13 @@ from minductor.codegen.loop_shapes import (
     joins,
     linear_index,
     merge_dims,
+    mutation_loops,
     outer_lane_width,
     split_and_merge_dims,
     vectorizes_outside,
 )
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
-from minductor.scheduler.deps import MemoryDep, StarDep
+from minductor.scheduler.deps import MemoryDep
 from minductor.scheduler.nodes import FusedGroup
 from minductor.virtualized import V
 
@@ -126,6 +127,7 @@ class CppKernel:
         self.uses_error_flag = False  # a check (index range, divisor) records failures in mi_bad
         self.innermost: str | None = None  # the innermost loop variable of the body being generated
         self.scatters = False  # stores through indirect indices or combining stores: a serial loop
+        self.scatter_depth = 0  # leading outer loops a scatter may run in parallel (rows written apart)
         self.gathers = False  # loads through an index that changes along the innermost loop
         self.indirect = False  # loads or stores through any computed index
         self.internal: frozenset[str] = frozenset()  # written here, read nowhere else (wrapper)
@@ -322,21 +324,15 @@ class CppKernel:
         merged_outer = (split_and_merge_dims if pure_pointwise else merge_dims)(outer_vars, outer, all_exprs, "x")
         # merged outer vars are renamed to avoid clashing with inner x-vars
         rename = {v: index_symbol(f"xo{i}") for i, v in enumerate(merged_outer.variables)}
-        merged_outer = MergedDims(
-            [rename[v] for v in merged_outer.variables], merged_outer.sizes,
-            {k: v.xreplace(rename) for k, v in merged_outer.substitution.items()},
-        )
+        merged_outer = MergedDims([rename[v] for v in merged_outer.variables], merged_outer.sizes,
+                                  {k: v.xreplace(rename) for k, v in merged_outer.substitution.items()})
         if pure_pointwise:
             merged_outer = in_store_order(merged_outer, self.group.nodes)
         outer_numel = sympy.Mul(*outer) if outer else sympy.Integer(1)
         inner_work = sum((sympy.Mul(*(lp.pw_inner + lp.red)) for lp in loops), sympy.Integer(0))
         work = V.graph.sizevars.hint(outer_numel * sympy.Max(inner_work, 1))
-        # a scatter (indirect or combining store) runs serially: no races, eager's order; and no `omp
-        # simd`, which would promise that no two lanes store to one place. A plain store into a buffer
-        # it does not read (a cat's slice) runs in parallel
-        muts = [n for n in self.group.nodes if n.node.mutates]
-        self.scatters = any(n.node.store_mode is not None or any(isinstance(d, StarDep) for d in n.read_writes.writes) for n in muts)
-        parallel = work >= PARALLEL_THRESHOLD and not self.scatters and not any(n.node.mutates in n.read_writes.read_names() for n in muts)
+        self.scatters, self.scatter_depth, may_parallel = mutation_loops(self.group, merged_outer)
+        parallel = work >= PARALLEL_THRESHOLD and may_parallel
         code = CodeBuffer()
         code.writeline(f"// Source nodes: {', '.join(self.group.names())}")
         for n in self.group.nodes:
@@ -361,7 +357,7 @@ class CppKernel:
     def emit_outer(self, code: CodeBuffer, outer: MergedDims, loops: list[Loop], parallel: bool) -> None:
         n = len(outer.variables)
         pure_pointwise = len(loops) == 1 and not loops[0].pw_inner and not loops[0].red
-        if pure_pointwise and needs_2d_tiles(self.group, outer):
+        if pure_pointwise and not self.scatters and needs_2d_tiles(self.group, outer):
             emit_tiled_2d(self, code, outer, loops[0], parallel)
             return
         start = len(code.lines)
@@ -370,7 +366,7 @@ class CppKernel:
         # _emit_pointwise_nest; a flat one then loops over chunks of FLAT_CHUNK elements
         # (so does one whose calls may run in batches, cpp_calls.py)
         streams = self.may_stream and (n > 1 or parallel) and self._streamable_writes()
-        small_inner = pure_pointwise and n >= 2 and self.tile_var is None and vectorizes_outside(outer.sizes)
+        small_inner = pure_pointwise and n >= 2 and self.tile_var is None and not self.scatters and vectorizes_outside(outer.sizes)
         defer = pure_pointwise and n >= 1 and not small_inner and (streams or may_batch(self, group_origins(self.group)))
         opened = 0
         for i, (var, size) in enumerate(zip(outer.variables, outer.sizes)):
@@ -383,7 +379,7 @@ class CppKernel:
                 if pure_pointwise and n == 1:
                     code.writeline("#pragma omp parallel for simd schedule(static)")
                 else:
-                    collapse = n - 1 if pure_pointwise else n
+                    collapse = min(n - 1 if pure_pointwise else n, self.scatter_depth or n)
                     if collapse >= 1:
                         code.writeline(f"#pragma omp parallel for schedule(static){f' collapse({collapse})' if collapse > 1 else ''}")
             if small_inner and i == n - 2:

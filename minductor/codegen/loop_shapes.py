@@ -11,7 +11,7 @@ import sympy
 from minductor import config
 from minductor.ir.indexing import FloorDiv, ModularIndexing, affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.runtime.cache import avx512_enabled
-from minductor.scheduler.deps import MemoryDep
+from minductor.scheduler.deps import MemoryDep, StarDep
 from minductor.scheduler.nodes import FusedGroup, SchedulerNode
 from minductor.virtualized import V
 
@@ -148,6 +148,47 @@ def _single_cut(v: sympy.Symbol, exprs: Sequence[Expr]) -> int | None:
             else:
                 return None
     return cuts.pop() if len(cuts) == 1 else None
+
+
+def mutation_loops(group: FusedGroup, dims: MergedDims) -> tuple[bool, int, bool]:
+    """For a kernel that stores into another buffer: whether it scatters, how many leading
+    loops of ``dims`` may still run in parallel, and whether its loops may.
+
+    A scatter (indirect or combining store) runs serially: no races, eager's order; and no
+    `omp simd`, which would promise that no two lanes store to one place. But a scatter into a
+    fresh buffer along a later dim writes its rows apart: the loops over those rows may run in
+    parallel (its combining store reads the target only at the element it writes). A plain
+    store into a buffer it does not read (a cat's slice) runs in parallel."""
+    muts = [n for n in group.nodes if n.node.mutates]
+    scatters = any(n.node.store_mode is not None or any(isinstance(d, StarDep) for d in n.read_writes.writes) for n in muts)
+    if scatters:
+        depth = disjoint_depth(group, dims)
+        return True, depth, depth > 0
+    return False, 0, not any(n.node.mutates in n.read_writes.read_names() for n in muts)
+
+
+def disjoint_depth(group: FusedGroup, dims: MergedDims) -> int:
+    """How many leading loops of ``dims`` a lone scatter node may run in parallel: those built
+    only from dims its iterations write apart (``ComputedBuffer.disjoint_dims``)."""
+    if len(group.nodes) != 1 or not group.nodes[0].node.disjoint_dims:
+        return 0
+    node = group.nodes[0]
+    members: dict[sympy.Symbol, list[int]] = {}
+    pending: list[int] = []
+    for i, var in enumerate(make_vars("x", len(node.pw_dims))):  # merged dims map all but their last to 0
+        target = dims.substitution.get(var)
+        if target == 0:
+            pending.append(i)
+        elif isinstance(target, sympy.Symbol):
+            members[target], pending = pending + [i], []
+        else:
+            return 0
+    depth = 0
+    for var in dims.variables:
+        if var not in members or not all(node.pw_dims[i] < node.node.disjoint_dims for i in members[var]):
+            break
+        depth += 1
+    return depth
 
 
 def _mergeable(i: int, j: int, variables: Sequence[sympy.Symbol], sizes: Sequence[Expr], coeffs: list) -> bool:

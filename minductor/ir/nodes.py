@@ -244,6 +244,10 @@ class ComputedBuffer(Buffer):
     # copy_ into an input); the node then owns no memory and ``layout`` is the target's
     mutates: str | None = None
     store_mode: str | None = None
+    # iterations that differ in one of the first ``disjoint_dims`` loop dims store to different
+    # elements (a scatter along a later dim writes each row of them apart): those loops of a
+    # scatter may run in parallel, each thread's stores staying in eager's order
+    disjoint_dims: int = 0
 
     def store_name(self) -> str:
         return self.mutates or self.name

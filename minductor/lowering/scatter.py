@@ -43,12 +43,14 @@ def _fresh_buffer(x: TensorBox) -> tuple[TensorBox, Buffer]:
     return out, buf
 
 
-def _mutate(target: Buffer, ranges: Sequence[Expr], body: Callable[[Sequence[Expr]], None], origin: str) -> None:
-    """Register a node looping over ``ranges`` whose ``body(index)`` stores into ``target``."""
+def _mutate(target: Buffer, ranges: Sequence[Expr], body: Callable[[Sequence[Expr]], None], origin: str,
+            disjoint_dims: int = 0) -> None:
+    """Register a node looping over ``ranges`` whose ``body(index)`` stores into ``target``
+    (``disjoint_dims``: see ``ComputedBuffer``)."""
     node = ComputedBuffer(
         name="", layout=target.layout,
         data=Pointwise(target.get_device(), target.get_dtype(), body, list(ranges), origins=frozenset({origin})),
-        mutates=target.name,
+        mutates=target.name, disjoint_dims=disjoint_dims,
     )
     V.graph.register_buffer(node)
 
@@ -102,7 +104,7 @@ def index_put(x: TensorBox, indices: Sequence[Any], values: Any, accumulate: boo
             full[d] = ops.indirect_indexing(loaders[d](ipart), size[d])
         ops.store(buf.name, indexer(full), value_load(index), mode)
 
-    _mutate(buf, result_size, body, "index_put")
+    _mutate(buf, result_size, body, "index_put", disjoint_dims=n_before)
     return out
 
 
@@ -133,7 +135,8 @@ def _scatter_into(buf: Buffer, dim: int, index: TensorBox, src: Any, mode: str |
         full[dim] = ops.indirect_indexing(index_load(idx), size[dim])
         ops.store(buf.name, indexer(full), src_load(idx), mode)
 
-    _mutate(buf, ranges, body, origin)
+    # the loop dims before ``dim`` index the target directly: rows apart never collide
+    _mutate(buf, ranges, body, origin, disjoint_dims=dim)
 
 
 @register_lowering(aten.scatter.src, aten.scatter.value)
@@ -223,7 +226,7 @@ def _index_along(x: TensorBox, dim: int, index: TensorBox, source: Any, ranges: 
             value = ops.mul(value, scale(value))
         ops.store(buf.name, indexer(full), value, mode)
 
-    _mutate(buf, ranges, body, origin)
+    _mutate(buf, ranges, body, origin, disjoint_dims=dim)
     return out
 
 
