@@ -137,3 +137,18 @@ def test_rows_read_through_one_index_stream_and_check_it_once(tmp_path, op: str)
     torch._dynamo.reset()
     with config.patch(stream_store_min_bytes=1), pytest.raises(IndexError):
         torch.compile(fn, backend="minductor")(index + 1000, table)
+
+
+def test_hoisting_skips_bodies_with_lambdas() -> None:
+    """A masked load with a bounds check is a lambda called only where the mask holds: nothing
+    of such a body is hoisted before the streamed loops (the check would run unmasked)."""
+    from minductor.codegen.cpp_stream import hoist_invariant_lines
+
+    plain = ["auto tmp0 = in_ptr0[xo0];", "if (tmp0 < 0 || tmp0 >= 9) { mi_err[0] = 1; tmp0 = 0; }",
+             "auto tmp1 = in_ptr1[9L*tmp0 + xo1];", "out_ptr0[9L*xo0 + xo1] = tmp1;"]
+    hoisted, rest = hoist_invariant_lines(plain, "xo1")
+    assert hoisted == plain[:2] and rest == plain[2:]
+    masked = ["auto tmp5 = xo0 < 3;", "auto tmp9 = [&]() {", "    auto tmp6 = in_ptr0[xo0];",
+              "    if (tmp6 < 0 || tmp6 >= 9) { mi_err[0] = 1; tmp6 = 0; }", "    return in_ptr1[9L*tmp6 + xo1];",
+              "};", "auto tmp10 = tmp5 ? tmp9() : 0.0f;", "out_ptr0[9L*xo0 + xo1] = tmp10;"]
+    assert hoist_invariant_lines(masked, "xo1") == ([], masked)

@@ -227,7 +227,8 @@ def _cat_into_slices(layout: FixedLayout, dim: int, extents: list[Expr], offsets
 
     The single masked pointwise body evaluates every input's load and mask at every element
     (on CPU a masked-off strided load is still a gather): a transformer's backward cat of q, k
-    and v gradients ran 631 us against ~100 us for copies. The first input's node owns the
+    and v gradients ran 624 us as one kernel, 91 + 81 + 81 us as three (each timed alone, one
+    process, before loop_shapes.split_and_merge_dims halved two of them). The first input's node owns the
     output's storage and writes its slice (offset 0); each later input is a node that stores
     into that buffer at its offset (a mutation, ordered after the owner and before readers).
     Inputs are not realized first: an unrealized input is computed inside its slice's loop."""
