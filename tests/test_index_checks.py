@@ -87,11 +87,12 @@ def test_out_of_range_raises_in_either_form(case: str) -> None:
 @pytest.mark.parametrize("op", ["scatter_add", "index_put_acc", "scatter_amax"])
 def test_scatters_with_duplicate_indices_stay_serial_and_exact(op: str, tmp_path: Path) -> None:
     """Long rows with many duplicate targets: a vectorized loop would lose updates that two
-    lanes make to one element. Scatter kernels carry no `omp simd`, and a row's updates run in
-    one thread in order (scatters along dim 1 may spread their rows over threads, index_put
-    along dim 0 runs serially); scatter_add and amax match eager exactly (eager's order of
-    additions); eager's index_put sums duplicates in another order, so that one is compared
-    within float32 rounding."""
+    lanes make to one element. Scatter kernels whose innermost loop runs along the scattered dim
+    carry no `omp simd`, and each element's updates run in one thread in order (scatters along
+    dim 1 spread their rows over threads; index_put along dim 0 splits its columns, which lanes
+    and threads write apart, into chunks); scatter_add and amax match eager exactly (eager's
+    order of additions); eager's index_put sums duplicates in another order, so that one is
+    compared within float32 rounding."""
     torch.manual_seed(0)
     cases = {
         "scatter_add": (lambda x, i, s: x.scatter_add(1, i, s), torch.randint(0, 8, (8, 4096)), torch.randn(8, 4096)),
@@ -104,5 +105,5 @@ def test_scatters_with_duplicate_indices_stay_serial_and_exact(op: str, tmp_path
     x = torch.randn(8, 4096)
     tol = {"rtol": 1e-5, "atol": 1e-4} if op == "index_put_acc" else {"rtol": 0, "atol": 0}
     scatter = _kernel(fn, x, i, src, tmp_path=tmp_path, **tol).read_text()
-    assert "#pragma omp simd" not in scatter and "collapse" not in scatter
-    assert ("#pragma omp parallel" in scatter) == (op != "index_put_acc"), scatter
+    assert ("#pragma omp simd" in scatter) == (op == "index_put_acc") and "collapse" not in scatter, scatter
+    assert "#pragma omp parallel" in scatter and ("mi_c0" in scatter) == (op == "index_put_acc"), scatter

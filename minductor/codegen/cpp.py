@@ -28,6 +28,8 @@ from minductor.codegen.cpp_calls import batchable_calls, emit_batched_loop, may_
 from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
 from minductor.codegen.cpp_stream import (
     StreamStore,
+    emit_chunk_loop,
+    open_chunks,
     emit_streamed_loop,
     fence_parallel_region,
     pick_stream_store,
@@ -35,16 +37,22 @@ from minductor.codegen.cpp_stream import (
     streamable_buffer,
 )
 from minductor.codegen.cpp_rows import declare_rows, fold_into_reductions, free_rows, register_results, row_offset
-from minductor.codegen.cpp_rewrites import LoopShape, hoist_inner_invariants, prefetch_next_rows, prefetch_row_stores
+from minductor.codegen.cpp_rewrites import (
+    LoopShape,
+    hoist_inner_invariants,
+    open_vector_loop_outside,
+    prefetch_next_rows,
+    prefetch_row_stores,
+)
 from minductor.codegen.cpp_split_rows import THREADS_LINE, emit_split_rows, splits_rows
 from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
 from minductor.codegen.cpp_unit import ARGS_PLACEHOLDER, render_unit
 from minductor.codegen.loop_shapes import (
     ROW_GROUP,
-    SMALL_INNER_CHUNK,
     Loop,
     MergedDims,
     in_store_order,
+    inner_chunk,
     inner_lanes,
     joins,
     linear_index,
@@ -66,22 +74,6 @@ PARALLEL_THRESHOLD = 32768
 FLAT_CHUNK = 4096  # elements per chunk of a flat loop whose output streams
 # the threads a kernel that keeps per-thread partials runs on
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
-
-
-def _open_vector_loop_outside(code: CodeBuffer, var: sympy.Symbol, size: Expr, parallel: bool) -> int:
-    """Open the second-innermost loop of a nest that vectorizes outside its short innermost
-    loop (``vectorizes_outside``), over chunks when the nest is parallel. Returns the loops opened."""
-    lo, hi, opened = "0", cpp_index(size), 1
-    if parallel:
-        code.writeline(f"for (int64_t mi_chunk = 0; mi_chunk < {hi}; mi_chunk += {SMALL_INNER_CHUNK})")
-        code.writeline("{")
-        code._indent += 1
-        lo, hi, opened = "mi_chunk", f"mi_min_i64(mi_chunk + {SMALL_INNER_CHUNK}, {hi})", 2
-    code.writeline("#pragma omp simd")
-    code.writeline(f"for (int64_t {var} = {lo}; {var} < {hi}; {var}++)")
-    code.writeline("{")
-    code._indent += 1
-    return opened
 
 
 def group_origins(group: FusedGroup) -> set[str]:
@@ -127,7 +119,7 @@ class CppKernel:
         self.uses_error_flag = False  # a check (index range, divisor) records failures in mi_bad
         self.innermost: str | None = None  # the innermost loop variable of the body being generated
         self.scatters = False  # stores through indirect indices or combining stores: a serial loop
-        self.scatter_depth = 0  # leading outer loops a scatter may run in parallel (rows written apart)
+        self.scatter_depth, self.scatter_chunks = 0, False  # a scatter's parallel loops (loop_shapes.mutation_loops)
         self.gathers = False  # loads through an index that changes along the innermost loop
         self.indirect = False  # loads or stores through any computed index
         self.internal: frozenset[str] = frozenset()  # written here, read nowhere else (wrapper)
@@ -331,7 +323,7 @@ class CppKernel:
         outer_numel = sympy.Mul(*outer) if outer else sympy.Integer(1)
         inner_work = sum((sympy.Mul(*(lp.pw_inner + lp.red)) for lp in loops), sympy.Integer(0))
         work = V.graph.sizevars.hint(outer_numel * sympy.Max(inner_work, 1))
-        self.scatters, self.scatter_depth, may_parallel = mutation_loops(self.group, merged_outer)
+        self.scatters, self.scatter_depth, self.scatter_chunks, may_parallel = mutation_loops(self.group, merged_outer)
         parallel = work >= PARALLEL_THRESHOLD and may_parallel
         code = CodeBuffer()
         code.writeline(f"// Source nodes: {', '.join(self.group.names())}")
@@ -367,15 +359,18 @@ class CppKernel:
         # (so does one whose calls may run in batches, cpp_calls.py)
         streams = self.may_stream and (n > 1 or parallel) and self._streamable_writes()
         small_inner = pure_pointwise and n >= 2 and self.tile_var is None and not self.scatters and vectorizes_outside(outer.sizes)
-        defer = pure_pointwise and n >= 1 and not small_inner and (streams or may_batch(self, group_origins(self.group)))
+        chunk = inner_chunk(outer.sizes[-1]) if parallel and self.scatter_chunks else 0
+        defer = pure_pointwise and n >= 1 and not small_inner and not chunk and (streams or may_batch(self, group_origins(self.group)))
         opened = 0
+        if chunk:  # the innermost loop's chunks across threads, the other loops inside each
+            opened = open_chunks(code, outer.sizes[-1], chunk)
         for i, (var, size) in enumerate(zip(outer.variables, outer.sizes)):
             self.range_of[var] = size
             innermost = i == n - 1
             if defer and innermost:
                 opened += self._defer_innermost(code, var, size, parallel and n == 1)
                 continue
-            if i == 0 and parallel:
+            if i == 0 and parallel and not chunk:
                 if pure_pointwise and n == 1:
                     code.writeline("#pragma omp parallel for simd schedule(static)")
                 else:
@@ -383,7 +378,9 @@ class CppKernel:
                     if collapse >= 1:
                         code.writeline(f"#pragma omp parallel for schedule(static){f' collapse({collapse})' if collapse > 1 else ''}")
             if small_inner and i == n - 2:
-                opened += _open_vector_loop_outside(code, var, size, parallel)
+                opened += open_vector_loop_outside(code, var, size, parallel)
+                continue
+            if chunk and innermost:  # (written around the body below, its invariant lines before it)
                 continue
             if innermost and pure_pointwise and not (parallel and n == 1) and not small_inner:
                 code.writeline("#pragma omp simd")
@@ -401,7 +398,10 @@ class CppKernel:
         for b, v in self.local.items():
             code.writeline(f"{CPP_STORAGE_TYPES[V.graph.get_dtype(b)]} {v}[1];  // {b}, kept in a local")
         declare_rows(code, self.rows)
-        if len(loops) == 1:
+        if len(loops) == 1 and chunk:
+            emit_chunk_loop(code, outer.variables[-1], f"mi_min_i64(mi_c0 + {chunk}, {cpp_index(outer.sizes[-1])})",
+                            lambda body: self.emit_loop(body, outer, loops[0]))
+        elif len(loops) == 1:
             self.emit_loop(code, outer, loops[0])
             inner_size = outer.sizes[-1] if n else None
             if pure_pointwise and n >= 2 and self.tile_var is None and isinstance(inner_size, sympy.Integer):

@@ -30,6 +30,7 @@ import torch
 from minductor.codegen.common import CodeBuffer, cpp_index
 from minductor.codegen.cpp_ops import INLINE_MATH
 from minductor.codegen.cpp_stream import LINE
+from minductor.codegen.loop_shapes import SMALL_INNER_CHUNK
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
 
 Expr = sympy.Expr
@@ -203,3 +204,19 @@ def _insert_in_loop(block: CodeBuffer, head: str, lines: list[str]) -> bool:
     indent = block.lines[at[0]][: len(block.lines[at[0]]) - len(block.lines[at[0]].lstrip())] + "    "
     block.lines[at[0] + 2:at[0] + 2] = [indent + line for line in lines]
     return True
+
+
+def open_vector_loop_outside(code: CodeBuffer, var: sympy.Symbol, size: Expr, parallel: bool) -> int:
+    """Open the second-innermost loop of a nest that vectorizes outside its short innermost
+    loop (``vectorizes_outside``), over chunks when the nest is parallel. Returns the loops opened."""
+    lo, hi, opened = "0", cpp_index(size), 1
+    if parallel:
+        code.writeline(f"for (int64_t mi_chunk = 0; mi_chunk < {hi}; mi_chunk += {SMALL_INNER_CHUNK})")
+        code.writeline("{")
+        code._indent += 1
+        lo, hi, opened = "mi_chunk", f"mi_min_i64(mi_chunk + {SMALL_INNER_CHUNK}, {hi})", 2
+    code.writeline("#pragma omp simd")
+    code.writeline(f"for (int64_t {var} = {lo}; {var} < {hi}; {var}++)")
+    code.writeline("{")
+    code._indent += 1
+    return opened

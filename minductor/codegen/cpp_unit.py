@@ -33,7 +33,8 @@ def render_unit(kernel: CppKernel, code: CodeBuffer) -> str:
         params.append("int64_t* mi_err")
         names.append("mi_err")
     flag = kernel.uses_error_flag
-    if kernel.scatters or (kernel.gathers and not vector_gathers_pay_off()):
+    # (a scatter whose innermost loop writes apart keeps its `omp simd`: no two lanes store to one place)
+    if (kernel.scatters and not kernel.scatter_chunks) or (kernel.gathers and not vector_gathers_pay_off()):
         code.lines = _without_simd(code.lines)
         kernel.helpers = [(fn, extra, _buffer(_without_simd(block.lines))) for fn, extra, block in kernel.helpers]
     out = CodeBuffer()

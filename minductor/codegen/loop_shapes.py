@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import sympy
+import torch
 
 from minductor import config
 from minductor.ir.indexing import FloorDiv, ModularIndexing, affine_coeffs, index_symbol, make_vars, simplify_index
@@ -59,6 +60,10 @@ STAGE_BYTES = 256 * 1024
 # 3-long loop vectorized and 31 us so (eager: 245-297 us) on a Xeon (family 6 model 207)
 SMALL_INNER = 8
 SMALL_INNER_CHUNK = 1024
+# a scatter whose innermost loop it writes apart (index_add along dim 0 over feature columns)
+# but not its outer ones splits that loop into per-thread chunks of at least this many columns
+SCATTER_CHUNK_MIN = 64
+LINE_FLOATS = 16
 
 
 @dataclasses.dataclass
@@ -150,28 +155,43 @@ def _single_cut(v: sympy.Symbol, exprs: Sequence[Expr]) -> int | None:
     return cuts.pop() if len(cuts) == 1 else None
 
 
-def mutation_loops(group: FusedGroup, dims: MergedDims) -> tuple[bool, int, bool]:
+def mutation_loops(group: FusedGroup, dims: MergedDims) -> tuple[bool, int, bool, bool]:
     """For a kernel that stores into another buffer: whether it scatters, how many leading
-    loops of ``dims`` may still run in parallel, and whether its loops may.
+    loops of ``dims`` may run in parallel, whether its innermost loop may be split into
+    parallel chunks instead (the rest then running inside each chunk), and whether its loops
+    may run in parallel at all.
 
-    A scatter (indirect or combining store) runs serially: no races, eager's order; and no
-    `omp simd`, which would promise that no two lanes store to one place. But a scatter into a
-    fresh buffer along a later dim writes its rows apart: the loops over those rows may run in
+    A scatter (indirect or combining store) runs its updates of each element in one thread in
+    eager's order, and without `omp simd`, which would promise that no two lanes store to one
+    place. Loops over dims it writes apart (``ComputedBuffer.write_apart``: the rows of a
+    scatter along dim 1, the feature columns of an ``index_add`` along dim 0) may run in
     parallel (its combining store reads the target only at the element it writes). A plain
     store into a buffer it does not read (a cat's slice) runs in parallel."""
     muts = [n for n in group.nodes if n.node.mutates]
     scatters = any(n.node.store_mode is not None or any(isinstance(d, StarDep) for d in n.read_writes.writes) for n in muts)
     if scatters:
-        depth = disjoint_depth(group, dims)
-        return True, depth, depth > 0
-    return False, 0, not any(n.node.mutates in n.read_writes.read_names() for n in muts)
+        apart = _apart_loops(group, dims)
+        depth = next((i for i, a in enumerate(apart) if not a), len(apart))
+        inner = depth == 0 and len(apart) > 1 and apart[-1] and _chunks(dims.sizes[-1]) > 1
+        return True, depth, inner, depth > 0 or inner
+    return False, 0, False, not any(n.node.mutates in n.read_writes.read_names() for n in muts)
 
 
-def disjoint_depth(group: FusedGroup, dims: MergedDims) -> int:
-    """How many leading loops of ``dims`` a lone scatter node may run in parallel: those built
-    only from dims its iterations write apart (``ComputedBuffer.disjoint_dims``)."""
-    if len(group.nodes) != 1 or not group.nodes[0].node.disjoint_dims:
-        return 0
+def inner_chunk(size: Expr) -> int:
+    """Columns per parallel chunk of a scatter's innermost loop split across threads."""
+    threads = max(1, torch.get_num_threads())
+    return max(SCATTER_CHUNK_MIN, -(-V.graph.sizevars.hint(size) // threads // LINE_FLOATS) * LINE_FLOATS)
+
+
+def _chunks(size: Expr) -> int:
+    return -(-V.graph.sizevars.hint(size) // inner_chunk(size))
+
+
+def _apart_loops(group: FusedGroup, dims: MergedDims) -> list[bool]:
+    """Per loop of ``dims``: whether a lone scatter node's iterations write apart along it
+    (every dim merged into it is in ``ComputedBuffer.write_apart``)."""
+    if len(group.nodes) != 1 or not group.nodes[0].node.write_apart:
+        return [False] * len(dims.variables)
     node = group.nodes[0]
     members: dict[sympy.Symbol, list[int]] = {}
     pending: list[int] = []
@@ -182,13 +202,8 @@ def disjoint_depth(group: FusedGroup, dims: MergedDims) -> int:
         elif isinstance(target, sympy.Symbol):
             members[target], pending = pending + [i], []
         else:
-            return 0
-    depth = 0
-    for var in dims.variables:
-        if var not in members or not all(node.pw_dims[i] < node.node.disjoint_dims for i in members[var]):
-            break
-        depth += 1
-    return depth
+            return [False] * len(dims.variables)
+    return [var in members and all(node.pw_dims[i] in node.node.write_apart for i in members[var]) for var in dims.variables]
 
 
 def _mergeable(i: int, j: int, variables: Sequence[sympy.Symbol], sizes: Sequence[Expr], coeffs: list) -> bool:

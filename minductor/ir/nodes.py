@@ -244,10 +244,10 @@ class ComputedBuffer(Buffer):
     # copy_ into an input); the node then owns no memory and ``layout`` is the target's
     mutates: str | None = None
     store_mode: str | None = None
-    # iterations that differ in one of the first ``disjoint_dims`` loop dims store to different
-    # elements (a scatter along a later dim writes each row of them apart): those loops of a
-    # scatter may run in parallel, each thread's stores staying in eager's order
-    disjoint_dims: int = 0
+    # loop dims whose iterations store to different elements (every dim of a scatter but the
+    # scattered one, which indexes the target directly): a scatter's loops over them may run in
+    # parallel, each element's updates staying in one thread in eager's order
+    write_apart: frozenset[int] = frozenset()
 
     def store_name(self) -> str:
         return self.mutates or self.name

@@ -44,13 +44,13 @@ def _fresh_buffer(x: TensorBox) -> tuple[TensorBox, Buffer]:
 
 
 def _mutate(target: Buffer, ranges: Sequence[Expr], body: Callable[[Sequence[Expr]], None], origin: str,
-            disjoint_dims: int = 0) -> None:
+            write_apart: Sequence[int] = ()) -> None:
     """Register a node looping over ``ranges`` whose ``body(index)`` stores into ``target``
-    (``disjoint_dims``: see ``ComputedBuffer``)."""
+    (``write_apart``: see ``ComputedBuffer``)."""
     node = ComputedBuffer(
         name="", layout=target.layout,
         data=Pointwise(target.get_device(), target.get_dtype(), body, list(ranges), origins=frozenset({origin})),
-        mutates=target.name, disjoint_dims=disjoint_dims,
+        mutates=target.name, write_apart=frozenset(write_apart),
     )
     V.graph.register_buffer(node)
 
@@ -104,7 +104,9 @@ def index_put(x: TensorBox, indices: Sequence[Any], values: Any, accumulate: boo
             full[d] = ops.indirect_indexing(loaders[d](ipart), size[d])
         ops.store(buf.name, indexer(full), value_load(index), mode)
 
-    _mutate(buf, result_size, body, "index_put", disjoint_dims=n_before)
+    # the dims around the indexed ones index the target directly
+    _mutate(buf, result_size, body, "index_put",
+            write_apart=[d for d in range(len(result_size)) if not n_before <= d < n_before + n_index])
     return out
 
 
@@ -135,8 +137,8 @@ def _scatter_into(buf: Buffer, dim: int, index: TensorBox, src: Any, mode: str |
         full[dim] = ops.indirect_indexing(index_load(idx), size[dim])
         ops.store(buf.name, indexer(full), src_load(idx), mode)
 
-    # the loop dims before ``dim`` index the target directly: rows apart never collide
-    _mutate(buf, ranges, body, origin, disjoint_dims=dim)
+    # every loop dim but ``dim`` indexes the target directly
+    _mutate(buf, ranges, body, origin, write_apart=[d for d in range(len(ranges)) if d != dim])
 
 
 @register_lowering(aten.scatter.src, aten.scatter.value)
@@ -226,7 +228,7 @@ def _index_along(x: TensorBox, dim: int, index: TensorBox, source: Any, ranges: 
             value = ops.mul(value, scale(value))
         ops.store(buf.name, indexer(full), value, mode)
 
-    _mutate(buf, ranges, body, origin, disjoint_dims=dim)
+    _mutate(buf, ranges, body, origin, write_apart=[d for d in range(len(ranges)) if d != dim])
     return out
 
 
