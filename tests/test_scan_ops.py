@@ -129,3 +129,23 @@ def test_backward(op: str) -> None:
     torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-4, atol=1e-4)
     native = {"aten.cumsum", "aten.cumprod", "aten.cummax", "aten.logcumsumexp"}
     assert not (set(metrics.fallback_ops) & native), dict(metrics.fallback_ops)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 14])
+def test_rows_scanned_together_along_the_innermost_dim(rows: int, tmp_path: Any) -> None:
+    """Rows scanned along their innermost dim walk it ``INTERLEAVE`` at a time, each with its
+    own carries (cummax's value and index), still in eager's order: bit for bit, with a last
+    partial group and with fewer rows than a group."""
+    from minductor import config
+    from minductor.codegen.cpp_scan import INTERLEAVE
+
+    x = _x(rows, 300, dtype=torch.int64)  # few distinct values: cummax ties
+    y = _x(2, rows, 300)
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        check(lambda x, y: (torch.cummax(x, 1), torch.cumsum(y, -1), torch.logcumsumexp(y, 2)), x, y, exact=False)
+        check(lambda x, y: (torch.cummax(x, 1), torch.cumsum(y, -1)), x, y)
+    source = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_fused_*.cpp"))
+    grouped = f"mi_x0_base += {INTERLEAVE}" in source and f"mi_x1_base += {INTERLEAVE}" in source
+    assert grouped == (rows >= INTERLEAVE)
+    if grouped:
+        assert f"mi_carry1_{INTERLEAVE - 1}" in source  # cummax's index carry, per row of a group

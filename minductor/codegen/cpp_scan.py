@@ -11,8 +11,15 @@ the kernel walks the scanned dim sequentially, carrying the combine state in reg
 
 When dims follow the scanned one (``x.cumsum(0)``), consecutive outer positions are
 contiguous in memory: they form the tile's SIMD lanes, each with its own carry.
+
+When the scanned dim is the innermost, each row's steps form one chain of dependent combines
+(a double add's latency per element for a float cumsum). So ``INTERLEAVE`` rows walk their
+dims together, one block per row in each step, and the CPU overlaps their chains; each row
+still combines in eager's order.
 """
 from __future__ import annotations
+
+import re
 
 import sympy
 
@@ -25,10 +32,16 @@ from minductor.scheduler.nodes import FusedGroup
 from minductor.virtualized import V
 
 Expr = sympy.Expr
+_CARRY = re.compile(r"\bmi_carry(\d+)\b")
 
 # lanes per tile when the scanned dim is not the innermost (a few cache lines of float)
 SCAN_TILE = 64
 SMALL_SCAN_TILE = 16
+# rows scanned together when the scanned dim is the innermost. At 4096^2 on a Xeon (family 6
+# model 207), whole calls, interleaved: cumsum(1) 9.9 -> 8.2 ms, cumprod(1) 14.0 -> 9.0 ms,
+# logcumsumexp(1) 317 -> 198 ms. Kernel alone, cumsum: 2 rows 8.1, 4 rows 7.6, 8 rows 18.6 ms
+# (one row 9.4): rows 16 KB apart share L1 sets, and 16 streams overflow them.
+INTERLEAVE = 4
 
 
 class CppScanKernel(CppKernel):
@@ -65,23 +78,22 @@ class CppScanKernel(CppKernel):
             if s == 1:
                 code.writeline(f"const int64_t {v} = 0;")
         n_loops = len(loops) + int(tiled)
+        row_sizes = [s for s in pre if s != 1]
+        interleave = not tiled and bool(row_sizes) and hint(row_sizes[-1]) >= INTERLEAVE
         if parallel and n_loops:
             code.writeline(f"#pragma omp parallel for schedule(static){f' collapse({n_loops})' if n_loops > 1 else ''}")
-        for var, size in loops:
+        for var, size in loops[:-1] if interleave else loops:
             code.writeline(f"for (int64_t {var} = 0; {var} < {size}; {var}++)")
+        if interleave:
+            self._emit_interleaved(code, *loops[-1], step)
+            return self.render(code)
         if tiled:
             code.writeline(f"for (int64_t mi_tile = 0; mi_tile < {cpp_index(post_numel)}; mi_tile += {tile})")
         code.writeline("{")
         with code.indent(open_brace=False):
             if tiled:
                 code.writeline(f"const int64_t mi_count = mi_min_i64({tile}, {cpp_index(post_numel)} - mi_tile);")
-            for c, dtype, init in zip(carries, scan.carry_dtypes, scan.init):
-                ctype, value = CPP_COMPUTE_TYPES[dtype], cpp_constant(init, dtype)
-                if tiled:
-                    code.writeline(f"{ctype} {c}[{tile}];")
-                    code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {tile}; mi_lane++) {c}[mi_lane] = {value};")
-                else:
-                    code.writeline(f"{ctype} {c} = {value};")
+            self._declare_carries(code, carries, tile if tiled else None)
             code.writeline(f"for (int64_t {scan_var} = 0; {scan_var} < {cpp_index(length)}; {scan_var}++)")
             code.writeline("{")
             with code.indent(open_brace=False):
@@ -98,6 +110,42 @@ class CppScanKernel(CppKernel):
             code.writeline("}")
         code.writeline("}")
         return self.render(code)
+
+    def _declare_carries(self, code: CodeBuffer, carries: list[str], tile: int | None = None) -> None:
+        """Each carry at its initial value: one per lane of a ``tile``, else a scalar."""
+        for c, dtype, init in zip(carries, self.scan.carry_dtypes, self.scan.init):
+            ctype, value = CPP_COMPUTE_TYPES[dtype], cpp_constant(init, dtype)
+            if tile is not None:
+                code.writeline(f"{ctype} {c}[{tile}];")
+                code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {tile}; mi_lane++) {c}[mi_lane] = {value};")
+            else:
+                code.writeline(f"{ctype} {c} = {value};")
+
+    def _emit_interleaved(self, code: CodeBuffer, var: str, size: str, step: CodeBuffer) -> None:
+        """The innermost row loop ``var`` in groups of ``INTERLEAVE`` rows that take each scan
+        step together (a block per row, its own carries); a last partial group row by row."""
+        n_carries = len(self.scan.carry_dtypes)
+        base, length = f"mi_{var}_base", cpp_index(self.range_of[index_symbol("r0")])
+        code.writeline(f"for (int64_t {base} = 0; {base} < {size}; {base} += {INTERLEAVE})")
+        with code.indent():
+            code.writeline(f"if ({base} + {INTERLEAVE} <= {size})")
+            with code.indent():
+                for k in range(INTERLEAVE):
+                    self._declare_carries(code, [f"mi_carry{i}_{k}" for i in range(n_carries)])
+                code.writeline(f"for (int64_t r0 = 0; r0 < {length}; r0++)")
+                with code.indent():
+                    for k in range(INTERLEAVE):
+                        with code.indent():
+                            code.writeline(f"const int64_t {var} = {base} + {k};")
+                            for line in step.lines:
+                                code.writeline(_CARRY.sub(rf"mi_carry\1_{k}", line))
+            code.writeline("else")
+            code.writeline(f"for (int64_t {var} = {base}; {var} < {size}; {var}++)")
+            with code.indent():
+                self._declare_carries(code, [f"mi_carry{i}" for i in range(n_carries)])
+                code.writeline(f"for (int64_t r0 = 0; r0 < {length}; r0++)")
+                with code.indent():
+                    code.splice(step)
 
     def _emit_step(self, full: list[Expr], carries: list[str]) -> CodeBuffer:
         """One scan step: read the carry, combine the new values in, store every output."""
