@@ -107,3 +107,30 @@ def test_scatters_with_duplicate_indices_stay_serial_and_exact(op: str, tmp_path
     scatter = _kernel(fn, x, i, src, tmp_path=tmp_path, **tol).read_text()
     assert ("#pragma omp simd" in scatter) == (op == "index_put_acc") and "collapse" not in scatter, scatter
     assert "#pragma omp parallel" in scatter and ("mi_c0" in scatter) == (op == "index_put_acc"), scatter
+
+
+@pytest.mark.parametrize("cols", [16, 64, 200, 1000])
+def test_gather_prefetches_the_next_row_in_chunks(cols: int, tmp_path: Path) -> None:
+    """A gather within rows (row ``xo0`` of ``x`` at the columns ``i`` holds) runs its innermost
+    loop in chunks, each prefetching its share of the lines of row ``xo0 + 1``; together the
+    chunks cover that whole row. A row of more lines than the loop gathers elements is left
+    alone. Results match eager, and an index out of range still raises."""
+    from minductor.codegen.cpp_rewrites import GATHER_CHUNK
+
+    x, i = torch.randn(33, 500), torch.randint(0, 500, (33, cols))
+    fn = lambda x, i: torch.gather(x, 1, i)  # noqa: E731
+    code = _kernel(fn, x, i, tmp_path=tmp_path).read_text()
+    found = re.findall(rf"__builtin_prefetch\(&in_ptr\d\[(.*) \+ 16\*\((\d+)\*\(mi_g / {GATHER_CHUNK}\) \+ (\d+)\)\]", code)
+    lines = -(-500 // 16)
+    if lines > cols:
+        assert not found and "mi_g" not in code
+        return
+    assert found and {base for base, _, _ in found} == {"500 + 500L*xo0"}, found
+    chunks = -(-cols // GATHER_CHUNK)
+    covered = {int(share) * c + int(k) for _, share, k in found for c in range(chunks)}
+    assert set(range(lines)) <= covered
+    assert f"for (int64_t xo1 = mi_g; xo1 < " in code
+    bad = i.clone()
+    bad[20, cols - 1] = 500
+    with pytest.raises(Exception, match="out of bounds|out of range"):
+        torch.compile(fn, backend="minductor")(x, bad)

@@ -16,14 +16,7 @@ from typing import Any
 import sympy
 import torch
 
-from minductor.codegen.common import (
-    CPP_COMPUTE_TYPES,
-    CPP_STORAGE_TYPES,
-    CSE,
-    CodeBuffer,
-    KernelArgs,
-    cpp_index,
-)
+from minductor.codegen.common import CPP_COMPUTE_TYPES, CPP_STORAGE_TYPES, CSE, CodeBuffer, KernelArgs, cpp_index
 from minductor.codegen.cpp_calls import batchable_calls, emit_batched_loop, may_batch
 from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
 from minductor.codegen.cpp_stream import (
@@ -41,6 +34,7 @@ from minductor.codegen.cpp_rewrites import (
     LoopShape,
     hoist_inner_invariants,
     open_vector_loop_outside,
+    prefetch_gathered_rows,
     prefetch_next_rows,
     prefetch_row_stores,
 )
@@ -121,6 +115,7 @@ class CppKernel:
         self.scatters = False  # stores through indirect indices or combining stores: a serial loop
         self.scatter_depth, self.scatter_chunks = 0, False  # a scatter's parallel loops (loop_shapes.mutation_loops)
         self.gathers = False  # loads through an index that changes along the innermost loop
+        self.indirect_sizes: dict[str, Expr] = {}  # computed index (its C++ name) -> the dim it indexes
         self.indirect = False  # loads or stores through any computed index
         self.internal: frozenset[str] = frozenset()  # written here, read nowhere else (wrapper)
         self.written_over: dict[str, str] = {}  # output -> dying input whose storage it takes (wrapper)
@@ -352,7 +347,7 @@ class CppKernel:
         if pure_pointwise and not self.scatters and needs_2d_tiles(self.group, outer):
             emit_tiled_2d(self, code, outer, loops[0], parallel)
             return
-        start = len(code.lines)
+        start, gather_rows = len(code.lines), False
         self.may_stream = self.tile_var is None and not self.scatters
         # a pure pointwise nest whose output may stream leaves its innermost loop to
         # _emit_pointwise_nest; a flat one then loops over chunks of FLAT_CHUNK elements
@@ -406,12 +401,15 @@ class CppKernel:
             inner_size = outer.sizes[-1] if n else None
             if pure_pointwise and n >= 2 and self.tile_var is None and isinstance(inner_size, sympy.Integer):
                 hoist_inner_invariants(self, code, start, str(outer.variables[-1]), int(inner_size))
+                gather_rows = self.gathers
         else:
             self._emit_loop_functions(code, outer, loops)
         free_rows(code, self.rows)
         for _ in range(opened):
             code._indent -= 1
             code.writeline("}")
+        if gather_rows:  # (once the loops are closed)
+            prefetch_gathered_rows(self, code, start, *outer.variables[-2:], int(outer.sizes[-1]))
         self.may_stream, self.deferred_loop = False, None
         if self.streamed:
             fence_parallel_region(code.lines, start)
@@ -513,12 +511,10 @@ class CppKernel:
         inner = merged_red if merged_red.variables else merged_pw
         self.loop_shape = (LoopShape(inner.variables[0], inner.sizes[0], self.lanes if merged_red.variables else 0,
                                      self.body_stores, self.body_loads) if len(inner.variables) == 1 and self.tile_var is None else None)
-        if self.tile_var is not None:
-            pass
-        elif thread_chunk:
+        if thread_chunk and self.tile_var is None:
             for acc, _, _, _ in self.accumulators:
                 code.writeline(f"{acc}_partial[mi_tid] = {acc};")
-        else:
+        elif self.tile_var is None:
             code.splice(self.suffix)
         code._indent -= 1
         code.writeline("}")

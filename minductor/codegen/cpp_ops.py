@@ -327,6 +327,7 @@ class CppOps:
                 # the same index for the whole inner loop (an embedding row): a branch the compiler
                 # hoists out of the loop (unswitching), which then reads the row contiguously
                 self.kernel.body.writeline(f"if ({var} < 0 || {var} >= {size_str}) {{ mi_err[0] = 1; {var} = 0; }}")
+        self.kernel.indirect_sizes[var] = size
         return index_symbol(var)
 
     def constant(self, value: bool | float, dtype: torch.dtype) -> str:
