@@ -129,7 +129,7 @@ def test_gather_prefetches_the_next_row_in_chunks(cols: int, tmp_path: Path) -> 
     chunks = -(-cols // GATHER_CHUNK)
     covered = {int(share) * c + int(k) for _, share, k in found for c in range(chunks)}
     assert set(range(lines)) <= covered
-    assert f"for (int64_t xo1 = mi_g; xo1 < " in code
+    assert "for (int64_t xo1 = mi_g; xo1 < " in code
     bad = i.clone()
     bad[20, cols - 1] = 500
     with pytest.raises(Exception, match="out of bounds|out of range"):
