@@ -5,6 +5,7 @@ results and the (possibly mutated) inputs.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -142,7 +143,7 @@ def _cpp_source(tmp_path: Any, fn: Callable[..., Any], *args: torch.Tensor) -> s
 def test_scatter_along_a_later_dim_runs_its_rows_in_parallel(tmp_path: Any, case: str, cpu_backend: str) -> None:
     """Rows of a scatter along dim 1 (index_add along dim 1, index_put after a sliced dim) are
     written apart: the loop over them is parallel, the loop within a row serial and in order,
-    so duplicates resolve and sums round as in eager."""
+    so duplicates resolve and sums round as in eager; it prefetches the next row in chunks."""
     x = torch.randn(300, 200)
     i = torch.randint(0, 200, (300, 400))  # many duplicates per row
     src = torch.randn(300, 400)
@@ -157,6 +158,11 @@ def test_scatter_along_a_later_dim_runs_its_rows_in_parallel(tmp_path: Any, case
     code = _cpp_source(tmp_path, fns[case], x, i, src)
     if cpu_backend == "cpp" and case != "index_put_both":  # (both dims indexed: serial)
         assert "#pragma omp parallel for" in code and "collapse" not in code and "simd" not in code, code
+        # chunks of the row loop prefetch the next row's 13 lines, for writing where it is stored to
+        found = re.findall(r"__builtin_prefetch\(&\w+\[200 \+ 200L\*xo0 \+ 16\*\((\d+)\*\(mi_g / 64\) \+ (\d+)\)\], (\d), 3\)", code)
+        assert {int(share) * c + int(k) for share, k, _ in found for c in range(7)} >= set(range(13)), code
+        # (amax without self first stores each target plainly, then combines into it)
+        assert ("1" in {rw for _, _, rw in found}) == (case in ("scatter_dup", "scatter_amax"))
 
 
 @pytest.mark.parametrize("case", ["scatter_add", "index_add", "index_put"])

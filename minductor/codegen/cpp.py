@@ -401,7 +401,7 @@ class CppKernel:
             inner_size = outer.sizes[-1] if n else None
             if pure_pointwise and n >= 2 and self.tile_var is None and isinstance(inner_size, sympy.Integer):
                 hoist_inner_invariants(self, code, start, str(outer.variables[-1]), int(inner_size))
-                gather_rows = self.gathers
+                gather_rows = self.gathers or self.scatters
         else:
             self._emit_loop_functions(code, outer, loops)
         free_rows(code, self.rows)
