@@ -31,7 +31,7 @@ def _compile_report(source: str, tmp_path: Path) -> str:
 def test_every_pair_of_prelude_functions_vectorizes(libmvec: bool, tmp_path: Path) -> None:
     loops = [f"{f}({g}(a[i]))" for f in UNARY for g in UNARY]
     loops += [f"{f}({g}(a[i]), {h}(c[i]))" for f in BINARY for g in UNARY[:5] for h in UNARY[:5]]
-    loops += [f"mi_relu(mi_exp((mi_sin(a[i]) + 1.0f) * 2.0f)) - c[i]"]  # the suite's pointwise chain
+    loops += ["mi_relu(mi_exp((mi_sin(a[i]) + 1.0f) * 2.0f)) - c[i]"]  # the suite's pointwise chain
     loops += ["mi_sin(a[i]) * mi_cos(a[i])"]  # GCC merges these into sincosf (scalar) unless told not to
     lines = ['#include "minductor_prelude.h"']
     for k, expr in enumerate(loops):
