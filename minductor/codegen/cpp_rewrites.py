@@ -30,8 +30,7 @@ import torch
 
 from minductor.codegen.common import CodeBuffer, cpp_index
 from minductor.codegen.cpp_ops import INLINE_MATH
-from minductor.codegen.cpp_stream import LINE
-from minductor.codegen.loop_shapes import SMALL_INNER_CHUNK
+from minductor.codegen.loop_shapes import LINE, SMALL_INNER_CHUNK
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
 
 Expr = sympy.Expr
@@ -232,13 +231,11 @@ def prefetch_gathered_rows(kernel: Any, code: CodeBuffer, start: int, row: sympy
         for k in range(share):
             at = f"&{arg}[{nxt} + {per_line}*({share}*(mi_g / {GATHER_CHUNK}) + {k})]"
             prefetches[at] = max(prefetches.get(at, 0), int(arg in stored))
-    header = f"for (int64_t {inner} = 0; {inner} < {size}; {inner}++)"
-    at = [i for i in range(start, len(code.lines) - 1) if code.lines[i].strip() == header and code.lines[i + 1].strip() == "{"]
-    if not prefetches or len(at) != 1:
+    i = _loop_at(code.lines, f"for (int64_t {inner} = 0; {inner} < {size}; {inner}++)", start)
+    if not prefetches or i is None:
         return False
-    i = at[0]
     pragma = [code.lines[i - 1].strip()] if code.lines[i - 1].strip().startswith("#pragma omp simd") else []
-    pad = code.lines[i][: len(code.lines[i]) - len(code.lines[i].lstrip())]
+    pad = _pad(code.lines[i])
     end = next(j for j in range(i + 2, len(code.lines)) if code.lines[j] == pad + "}")
     hi = f"mi_g + {GATHER_CHUNK}" if size % GATHER_CHUNK == 0 else f"mi_min_i64(mi_g + {GATHER_CHUNK}, {size})"
     code.lines[i - len(pragma):end + 1] = [
@@ -255,12 +252,21 @@ def prefetch_gathered_rows(kernel: Any, code: CodeBuffer, start: int, row: sympy
 
 def _insert_in_loop(block: CodeBuffer, head: str, lines: list[str]) -> bool:
     """Put ``lines`` at the top of the body of the one loop ``head`` opens in ``block``."""
-    at = [i for i, line in enumerate(block.lines) if line.strip() == head]
-    if not lines or len(at) != 1 or block.lines[at[0] + 1].strip() != "{":
+    at = _loop_at(block.lines, head)
+    if not lines or at is None:
         return False
-    indent = block.lines[at[0]][: len(block.lines[at[0]]) - len(block.lines[at[0]].lstrip())] + "    "
-    block.lines[at[0] + 2:at[0] + 2] = [indent + line for line in lines]
+    block.lines[at + 2:at + 2] = [_pad(block.lines[at]) + "    " + line for line in lines]
     return True
+
+
+def _loop_at(lines: list[str], head: str, start: int = 0) -> int | None:
+    """The index of the one line from ``start`` on that is ``head``, opening a braced body."""
+    at = [i for i in range(start, len(lines)) if lines[i].strip() == head]
+    return at[0] if len(at) == 1 and at[0] + 1 < len(lines) and lines[at[0] + 1].strip() == "{" else None
+
+
+def _pad(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
 
 
 def open_vector_loop_outside(code: CodeBuffer, var: sympy.Symbol, size: Expr, parallel: bool) -> int:

@@ -29,12 +29,11 @@ import torch
 from minductor import config
 from minductor.codegen.common import CodeBuffer, cpp_index
 from minductor.codegen.cpp_calls import BATCH, emit_call_block
+from minductor.codegen.loop_shapes import LINE
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
 from minductor.virtualized import V
 
 Expr = sympy.Expr
-
-LINE = 16  # floats per 64-byte line
 
 
 @dataclasses.dataclass

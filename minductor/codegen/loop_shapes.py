@@ -63,7 +63,7 @@ SMALL_INNER_CHUNK = 1024
 # a scatter whose innermost loop it writes apart (index_add along dim 0 over feature columns)
 # but not its outer ones splits that loop into per-thread chunks of at least this many columns
 SCATTER_CHUNK_MIN = 64
-LINE_FLOATS = 16
+LINE = 16  # floats per 64-byte line
 
 
 @dataclasses.dataclass
@@ -180,7 +180,7 @@ def mutation_loops(group: FusedGroup, dims: MergedDims) -> tuple[bool, int, bool
 def inner_chunk(size: Expr) -> int:
     """Columns per parallel chunk of a scatter's innermost loop split across threads."""
     threads = max(1, torch.get_num_threads())
-    return max(SCATTER_CHUNK_MIN, -(-V.graph.sizevars.hint(size) // threads // LINE_FLOATS) * LINE_FLOATS)
+    return max(SCATTER_CHUNK_MIN, -(-V.graph.sizevars.hint(size) // threads // LINE) * LINE)
 
 
 def _chunks(size: Expr) -> int:
