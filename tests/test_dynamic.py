@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -244,3 +245,108 @@ def test_symbolic_rows_take_the_row_scratch_and_longer_rows_the_heap(tmp_path) -
     code = next(tmp_path.glob("graph_*/cpp_*.cpp")).read_text()
     assert f"float mi_row0_stack[{cap}];" in code and "__builtin_malloc(" in code and "__builtin_free(mi_row0)" in code
     assert metrics.buffers_allocated == 1  # the output: the exp row is never a buffer
+
+
+_RUN_TIME_PARALLEL = {
+    "row_sum": lambda x: x.sum(1),
+    "column_amax": lambda x: x.amax(0),
+    "full_sum": lambda x: x.sum(),
+    "pointwise": lambda x: torch.sin(x) * 2 + 1,
+    "softmax": lambda x: torch.softmax(x, -1),
+    "layer_norm": lambda x: F.layer_norm(x, x.shape[-1:]),
+    "cumsum_rows": lambda x: x.cumsum(1),
+    "cumsum_columns": lambda x: x.cumsum(0),
+    "transpose_add": lambda x: x.t() + 1,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_RUN_TIME_PARALLEL))
+def test_kernels_over_symbolic_sizes_choose_threads_at_run_time(tmp_path, name) -> None:
+    """Compiled while its dims were tiny (Dynamo's hint, which the graph cache then serves
+    for every size), a kernel still runs large sizes on every thread: each parallel construct
+    carries an OpenMP ``if`` on the run-time work instead of being left out at compile time."""
+    from minductor import config
+
+    fn = _RUN_TIME_PARALLEL[name]
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        compiled = torch.compile(fn, backend="minductor", dynamic=True)
+        for shape in [(3, 5), (301, 257), (2, 40000)]:
+            x = torch.randn(shape)
+            torch.testing.assert_close(compiled(x), fn(x), rtol=1e-4, atol=1e-3)
+    assert metrics.graphs_compiled == 1
+    code = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_*.cpp"))
+    pragmas = [line.strip() for line in code.splitlines() if line.strip().startswith("#pragma omp parallel")]
+    assert pragmas, code
+    # a region of per-thread partials gets its thread count from mi_nt, one below the threshold
+    assert all((" if(" in p and ">= 32768)" in p) or "num_threads(mi_nt)" in p for p in pragmas), pragmas
+    if any("num_threads(mi_nt)" in p for p in pragmas):
+        assert re.search(r"const int mi_nt = !\(.* >= 32768\) \? 1 : ", code), code
+
+
+_HINT_FREE = {
+    "column_amax": lambda t, u: t.amax(0),
+    "pointwise": lambda t, u: torch.sin(t) * 2 + 1,
+    "transpose_keeps_layout": lambda t, u: t.t() + 1,
+    "transpose_add": lambda t, u: t.t() + u,
+    "cumsum_rows": lambda t, u: t.cumsum(1),
+    "cumsum_columns": lambda t, u: t.cumsum(0),
+    "full_sum": lambda t, u: t.sum(),
+}
+
+
+def _dynamic_kernels(fn, shape, tmp_path) -> str:
+    """The C++ of ``fn`` compiled with dynamic shapes at ``shape``, its size symbols renamed in
+    order of appearance (Dynamo numbers them per compile)."""
+    from minductor import config
+
+    torch._dynamo.reset()
+    t, u = torch.randn(shape), torch.randn(shape[::-1])
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        torch.testing.assert_close(torch.compile(fn, backend="minductor", dynamic=True)(t, u), fn(t, u),
+                                   rtol=1e-4, atol=1e-3)
+    code = "\n".join(p.read_text() for p in sorted(tmp_path.glob("graph_*/cpp_*.cpp")))
+    names: dict[str, str] = {}
+    return re.sub(r"\b[su]\d+\b", lambda m: names.setdefault(m.group(0), f"S{len(names)}"), code)
+
+
+@pytest.mark.parametrize("name", sorted(_HINT_FREE))
+def test_kernel_shapes_over_symbolic_sizes_do_not_depend_on_a_small_hint(tmp_path, name) -> None:
+    """A graph compiled at a tiny size (the hint Dynamo recorded when the dim turned dynamic,
+    and the graph cache then serves the graph for every size) gets the kernels a large hint
+    gives: loop order, tiles, streaming stores, scan tiles, split rows. Shapes chosen from the
+    tiny hint ran 4096^2 up to 70x slower (x.t() + 1 walked its output column by column)."""
+    fn = _HINT_FREE[name]
+    small = _dynamic_kernels(fn, (3, 5), tmp_path / "small")
+    large = _dynamic_kernels(fn, (300, 4096), tmp_path / "large")
+    assert small == large
+
+
+def test_row_reductions_over_a_symbolic_row_use_at_least_a_vector_of_lanes(tmp_path) -> None:
+    code = _dynamic_kernels(lambda t, u: torch.softmax(t, -1), (3, 5), tmp_path)
+    lanes = {int(n) for n in re.findall(r"float tmp_acc\d+_lanes\[(\d+)\];", code)}
+    assert lanes and min(lanes) >= 16, code
+
+
+def test_a_graph_compiled_at_a_small_hint_keeps_its_large_buffers_across_calls(tmp_path) -> None:
+    """Whether a buffer of symbolic size comes from the graph's pool is decided per call: at a
+    tiny hint a 64 MB output would otherwise fault its pages in on every call (x.sin() * 2 + 1
+    at 4096^2: 26.5 against 4.8 ms), and a tiny one is not kept."""
+    from minductor import config
+    from minductor.runtime.buffer_pool import held_bytes, live_pools
+
+    compiled = torch.compile(lambda t: torch.sin(t) * 2 + 1, backend="minductor", dynamic=True)
+    small, large = torch.randn(3, 5), torch.randn(512, 1024)
+    earlier = set(map(id, live_pools()))  # other tests' graphs may still be alive
+    with config.patch(debug=True, debug_dir=str(tmp_path)):  # (no graph cache: a module of our own)
+        torch.testing.assert_close(compiled(small), torch.sin(small) * 2 + 1)
+    pools = [p for p in live_pools() if id(p) not in earlier]  # this graph's
+    assert len(pools) == 1
+    first = compiled(large)
+    assert held_bytes(pools) == large.numel() * 4
+    first_ptr = first.data_ptr()
+    del first
+    again = compiled(large)  # the storage nobody holds any more comes back
+    assert again.data_ptr() == first_ptr
+    torch.testing.assert_close(again, torch.sin(large) * 2 + 1)
+    compiled(small)
+    assert held_bytes(pools) == large.numel() * 4  # the tiny output was not kept

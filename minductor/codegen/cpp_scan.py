@@ -24,8 +24,9 @@ import re
 import sympy
 
 from minductor.codegen.common import CPP_COMPUTE_TYPES, CodeBuffer, cpp_index
-from minductor.codegen.cpp import PARALLEL_THRESHOLD, CppKernel
+from minductor.codegen.cpp import CppKernel, parallel_decision
 from minductor.codegen.cpp_ops import CppOps, cpp_constant
+from minductor.codegen.loop_shapes import planning_size
 from minductor.ir.indexing import FloorDiv, ModularIndexing, index_symbol
 from minductor.ir.nodes import Scan
 from minductor.scheduler.nodes import FusedGroup
@@ -63,8 +64,7 @@ class CppScanKernel(CppKernel):
         post_index = _unflatten(post_var, post)
         full = list(pre_vars) + [scan_var] + post_index
         tiled = post_numel != 1
-        hint = V.graph.sizevars.hint
-        tile = SCAN_TILE if tiled and hint(post_numel) >= 4 * SCAN_TILE else SMALL_SCAN_TILE
+        tile = SCAN_TILE if tiled and planning_size(post_numel, 4 * SCAN_TILE) >= 4 * SCAN_TILE else SMALL_SCAN_TILE
         carries = [f"mi_carry{i}" for i in range(len(scan.carry_dtypes))]
         step = self._emit_step(full, [f"{c}[mi_lane]" if tiled else c for c in carries])
 
@@ -73,13 +73,14 @@ class CppScanKernel(CppKernel):
         code.writeline(f"//   scan along dim {d} of {sizes}: {', '.join(sorted(scan.origins))}")
         loops = [(str(v), cpp_index(s)) for v, s in zip(pre_vars, pre) if s != 1]
         outer_iters = sympy.Mul(*[s for s in pre]) * (sympy.ceiling(post_numel / tile) if tiled else 1)
-        parallel = hint(sympy.Mul(*sizes)) >= PARALLEL_THRESHOLD and hint(outer_iters) > 1
+        parallel, self.parallel_if = parallel_decision(sympy.Mul(*sizes))
+        parallel = parallel and not (outer_iters.is_number and int(outer_iters) <= 1)
         for v, s in zip(pre_vars, pre):
             if s == 1:
                 code.writeline(f"const int64_t {v} = 0;")
         n_loops = len(loops) + int(tiled)
         row_sizes = [s for s in pre if s != 1]
-        interleave = not tiled and bool(row_sizes) and hint(row_sizes[-1]) >= INTERLEAVE
+        interleave = not tiled and bool(row_sizes) and planning_size(row_sizes[-1], INTERLEAVE) >= INTERLEAVE
         if parallel and n_loops:
             code.writeline(f"#pragma omp parallel for schedule(static){f' collapse({n_loops})' if n_loops > 1 else ''}")
         for var, size in loops[:-1] if interleave else loops:

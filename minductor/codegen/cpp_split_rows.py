@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from minductor.codegen.common import CodeBuffer, cpp_index
-from minductor.codegen.loop_shapes import SPLIT_ROWS_MIN, SPLIT_ROWS_TILE, Loop, MergedDims
-from minductor.virtualized import V
+from minductor.codegen.loop_shapes import SPLIT_ROWS_MIN, SPLIT_ROWS_TILE, Loop, MergedDims, planning_size
 
 # the threads a kernel that keeps per-thread partials runs on
 THREADS_LINE = "const int mi_nt = omp_get_max_threads() < MI_MAX_THREADS ? omp_get_max_threads() : MI_MAX_THREADS;"
@@ -27,7 +26,7 @@ def splits_rows(kernel: Any, outer: MergedDims, loops: list[Loop], parallel: boo
     first, *rest = loops
     if not all(n.is_reduction() for n in first.nodes) or any(lp.red or lp.pw_inner for lp in rest):
         return False  # reductions first; then at most per-column epilogues (var's division)
-    return len(first.red) == 1 and V.graph.sizevars.hint(first.red[0]) >= SPLIT_ROWS_MIN
+    return len(first.red) == 1 and planning_size(first.red[0], SPLIT_ROWS_MIN) >= SPLIT_ROWS_MIN
 
 
 def emit_split_rows(kernel: Any, code: CodeBuffer, outer: MergedDims, loops: list[Loop]) -> None:
@@ -39,7 +38,7 @@ def emit_split_rows(kernel: Any, code: CodeBuffer, outer: MergedDims, loops: lis
     kernel.range_of[var] = size
     width = cpp_index(size)
     kernel.split_rows = True
-    kernel.outer_lanes = min(SPLIT_ROWS_TILE, V.graph.sizevars.hint(size))
+    kernel.outer_lanes = min(SPLIT_ROWS_TILE, planning_size(size, SPLIT_ROWS_TILE))
     block = CodeBuffer()
     block._indent = code._indent + 2  # inside the block and the parallel region below
     block.writeline(f"for (int64_t mi_tile = 0; mi_tile < {width}; mi_tile += {kernel.outer_lanes})")

@@ -41,14 +41,24 @@ class StreamStore:
     arg: str  # the output pointer
     index: Expr  # in the loop variables, unit stride along the streamed one
     line: str  # the body's store statement
+    condition: str = ""  # streams only where this holds at run time (symbolic sizes)
 
 
 def streamable_buffer(name: str, read_names: set[str]) -> bool:
-    """A float32 buffer of at least ``config.stream_store_min_bytes`` the kernel does not read."""
+    """A float32 buffer the kernel does not read, of at least ``config.stream_store_min_bytes``
+    or of a symbolic size (``stream_condition`` then decides at run time)."""
     if config.stream_store_min_bytes <= 0 or name in read_names or V.graph.get_dtype(name) != torch.float32:
         return False
-    numel = V.graph.sizevars.hint(sympy.Mul(*V.graph.get_buffer(name).get_size()))
-    return numel * 4 >= config.stream_store_min_bytes
+    numel = sympy.Mul(*V.graph.get_buffer(name).get_size())
+    return not numel.is_number or int(numel) * 4 >= config.stream_store_min_bytes
+
+
+def stream_condition(name: str) -> str:
+    """The run-time condition for streaming a buffer of symbolic size ("" for a static one): a
+    kernel compiled while a dynamic dim was small (Dynamo's hint, which the graph cache serves
+    for every size) streams large outputs all the same."""
+    numel = sympy.Mul(*V.graph.get_buffer(name).get_size())
+    return "" if numel.is_number else f"4 * ({cpp_index(numel)}) >= {config.stream_store_min_bytes}"
 
 
 def pick_stream_store(stores: list[tuple[str, str, Expr]], body: list[str], var: sympy.Symbol,
@@ -68,7 +78,7 @@ def pick_stream_store(stores: list[tuple[str, str, Expr]], body: list[str], var:
             continue
         lines = [line for line in body if line.lstrip().startswith(f"{arg}[")]
         if len(lines) == 1 and lines[0].startswith(f"{arg}[") and lines[0].rstrip().endswith(";"):
-            return StreamStore(arg, index, lines[0])
+            return StreamStore(arg, index, lines[0], stream_condition(name))
     return None
 
 
@@ -91,7 +101,10 @@ def emit_streamed_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, bo
             code.writeline(line)
         code.writeline(f"const int64_t mi_lo = {lo};")
         code.writeline(f"const int64_t mi_hi = {hi};")
-        code.writeline(f"const int64_t mi_head = mi_min_i64(mi_hi, mi_lo + mi_stream_head(&{store.arg}[{at('mi_lo')}]));")
+        head = f"mi_min_i64(mi_hi, mi_lo + mi_stream_head(&{store.arg}[{at('mi_lo')}]))"
+        # (where the condition fails, the head loop runs the whole range with ordinary stores)
+        head = f"({store.condition}) ? {head} : mi_hi" if store.condition else head
+        code.writeline(f"const int64_t mi_head = {head};")
         code.writeline(f"const int64_t mi_lines_end = mi_head + (mi_hi - mi_head) / {LINE} * {LINE};")
         simd_loop(code, var, "mi_lo", "mi_head", body)
         lines_from = "mi_head"

@@ -14,7 +14,7 @@ from minductor import config
 from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index
 from minductor.codegen.cpp_ops import CppOps
 from minductor.codegen.cpp_stream import emit_streamed_loop, fence_parallel_region, simd_loop
-from minductor.codegen.loop_shapes import STAGE_BYTES, STAGED_COLS, STAGED_ROWS, TILE, Loop, MergedDims
+from minductor.codegen.loop_shapes import STAGE_BYTES, STAGED_COLS, STAGED_ROWS, TILE, Loop, MergedDims, planning_size
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.runtime.cache import gathers_enabled
 from minductor.scheduler.deps import MemoryDep
@@ -32,8 +32,8 @@ def needs_2d_tiles(group: FusedGroup, outer: MergedDims) -> bool:
     is contiguous along the innermost (a transpose): then loop over 2-D tiles."""
     if len(outer.variables) < 2:
         return False
-    # symbolic sizes decide on their hints: the tiles' partial edges handle any runtime size
-    if min(V.graph.sizevars.hint(s) for s in outer.sizes[-2:]) < 2 * TILE:
+    # the tiles' partial edges handle any run-time size
+    if min(planning_size(s, 2 * TILE) for s in outer.sizes[-2:]) < 2 * TILE:
         return False
     inner, second = outer.variables[-1], outer.variables[-2]
     found_inner = found_second = False
@@ -120,9 +120,9 @@ def staged_tile_shape(rows: int, cols: int, stage_bytes: int, lead_count: int, t
 def _emit_staged_tiles(kernel: CppKernel, code: CodeBuffer, stage: StagedTile, lead_count: int) -> None:
     """Each tile stages its transposed operands whole (``StagedTile.emit_fills``), then runs
     its rows, the innermost loop along ``v1`` streaming its output where it may."""
-    hint = V.graph.sizevars.hint
-    rows, cols = staged_tile_shape(hint(stage.s2), hint(stage.s1), sum(f.itemsize for f in stage.fills),
-                                   lead_count, torch.get_num_threads())
+    # (symbolic sizes: at least 4x4 tiles of the full shape, as a large hint would give)
+    rows, cols = staged_tile_shape(planning_size(stage.s2, 4 * STAGED_ROWS), planning_size(stage.s1, 4 * STAGED_COLS),
+                                   sum(f.itemsize for f in stage.fills), lead_count, torch.get_num_threads())
     stage.rows, stage.cols = rows, cols
     code.writeline(f"for (int64_t mi_t0 = 0; mi_t0 < {cpp_index(stage.s2)}; mi_t0 += {rows})")
     code.writeline(f"for (int64_t mi_t1 = 0; mi_t1 < {cpp_index(stage.s1)}; mi_t1 += {cols})")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from minductor import config
 from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer
+from minductor.codegen.cpp_split_rows import THREADS_LINE
 from minductor.runtime.cache import vector_gathers_pay_off
 from minductor.virtualized import V
 
@@ -37,6 +38,9 @@ def render_unit(kernel: CppKernel, code: CodeBuffer) -> str:
     if (kernel.scatters and not kernel.scatter_chunks) or (kernel.gathers and not vector_gathers_pay_off()):
         code.lines = _without_simd(code.lines)
         kernel.helpers = [(fn, extra, _buffer(_without_simd(block.lines))) for fn, extra, block in kernel.helpers]
+    if kernel.parallel_if:
+        code.lines = _parallel_if(code.lines, kernel.parallel_if)
+        kernel.helpers = [(fn, extra, _buffer(_parallel_if(block.lines, kernel.parallel_if))) for fn, extra, block in kernel.helpers]
     out = CodeBuffer()
     out.writeline('#include "minductor_prelude.h"')
     out.writeline("")
@@ -94,6 +98,24 @@ def split_parts(helper_lines: list[int], main_lines: int) -> list[int] | None:
 def _without_simd(lines: list[str]) -> list[str]:
     lines = [line.replace("#pragma omp parallel for simd", "#pragma omp parallel for") for line in lines]
     return [line for line in lines if line.strip() != "#pragma omp simd"]
+
+
+_PARALLEL = re.compile(r"^(\s*#pragma omp parallel(?: for)?(?: simd)?)(?=\s|$)")
+
+
+def _parallel_if(lines: list[str], condition: str) -> list[str]:
+    """Every parallel construct (``parallel for``, or a ``parallel`` region around its
+    ``omp for``) with the clause ``if(condition)``: one thread below it. A region of ``mi_nt``
+    threads, which keep per-thread partials that are combined after it, takes one thread
+    through ``mi_nt`` itself instead, so that the combine reads only partials a thread wrote."""
+    out = []
+    for line in lines:
+        if line.strip() == THREADS_LINE:
+            line = line.replace("const int mi_nt = ", f"const int mi_nt = !({condition}) ? 1 : ")
+        elif "num_threads(mi_nt)" not in line:
+            line = _PARALLEL.sub(lambda m: f"{m.group(1)} if({condition})", line)
+        out.append(line)
+    return out
 
 
 def _buffer(lines: list[str]) -> CodeBuffer:

@@ -47,10 +47,16 @@ class PoolSlots:
 
     def candidate_bytes(self, buf: Buffer) -> int:
         """Storage bytes of a buffer the pool could hold (CPU, large), else 0; of a symbolic
-        size, its bytes at the size hints."""
+        size, its bytes at the size hints, and at least ``pool_min_bytes``: the pool decides
+        at run time (``BufferPool.take``), so a graph compiled at a small hint (and served by
+        the graph cache for every size) still keeps its large buffers across calls."""
         lay = buf.layout
-        ok = self.enabled and lay.device.type == "cpu" and lay.offset == 0
-        nbytes = V.graph.sizevars.hint(lay.storage_numel()) * lay.dtype.itemsize if ok else 0
+        if not (self.enabled and lay.device.type == "cpu" and lay.offset == 0):
+            return 0
+        numel = lay.storage_numel()
+        if not sympy.sympify(numel).is_number:
+            return max(V.graph.sizevars.hint(numel) * lay.dtype.itemsize, config.pool_min_bytes)
+        nbytes = int(numel) * lay.dtype.itemsize
         return nbytes if nbytes >= config.pool_min_bytes else 0
 
     def alloc_line(self, buf: Buffer) -> str:

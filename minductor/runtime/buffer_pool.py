@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
+from minductor import config
+
 _use_count = torch._C._storage_Use_Count
 KEEP = 2
 
@@ -34,7 +36,10 @@ class BufferPool:
         _pools.add(self)
 
     def take(self, slot: int, size: Sequence[int], stride: Sequence[int], dtype: torch.dtype, nbytes: int) -> torch.Tensor:
-        """A tensor of ``size``/``stride`` on a storage nobody else holds (uninitialized)."""
+        """A tensor of ``size``/``stride`` on a storage nobody else holds (uninitialized); below
+        ``config.pool_min_bytes`` (a symbolic size, small this call), a fresh one, not kept."""
+        if nbytes < config.pool_min_bytes:
+            return torch.empty_strided(size, stride, dtype=dtype)
         with self.lock:
             kept = self.slots[slot]
             for storage in kept:
