@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from typing import Any
 
 import torch
@@ -150,6 +151,47 @@ def bench_training(with_inductor: bool) -> None:
         print(f"{name}: " + " | ".join(row) + " (" + ", ".join(ratios) + ")", flush=True)
 
 
+DYNAMIC_WORKLOADS = ["pointwise6", "transpose_add", "softmax", "layer_norm", "sum_dim0", "sum_dim1", "full_sum", "cumsum"]
+
+
+def _own_code(fn: Any) -> Any:
+    """``fn`` with a code object of its own: Dynamo keeps compiled frames per code object, so
+    variants compiled from one function would find (and run) each other's graphs."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def bench_dynamic(with_inductor: bool) -> None:
+    """Dynamic shapes as a user meets them: a graph compiled with ``dynamic=True`` on a small
+    input (Dynamo's size hint, as when a dim turns dynamic after a small batch) and run at the
+    suite's size, against the static graph, eager and TorchInductor compiled the same way."""
+    from minductor.bench.runner import interleaved_medians
+    from minductor.bench.workloads import make_workloads
+
+    print("== dynamic shapes (compiled at 8x8, run at 4096x4096; interleaved rounds, medians)")
+    small = make_workloads(8)
+    for name in DYNAMIC_WORKLOADS:
+        fn, make_args = WORKLOADS[name]
+        args, small_args = make_args(), small[name][1]()
+        torch._dynamo.reset()
+        static = torch.compile(_own_code(fn), backend="minductor")
+        calls = {"eager": fn, "minductor": static, "minductor_dynamic": torch.compile(_own_code(fn), backend="minductor", dynamic=True)}
+        if with_inductor:
+            calls["inductor_dynamic"] = torch.compile(_own_code(fn), dynamic=True)
+        with torch.no_grad():
+            for label, call in calls.items():
+                if label.endswith("dynamic"):
+                    call(*small_args)
+                torch.testing.assert_close(call(*args), fn(*args), rtol=1e-3, atol=1e-3)
+            times = {label: t.median for label, t in interleaved_medians(
+                {label: (lambda call=call: call(*args)) for label, call in calls.items()}, 1.5 * len(calls)).items()}
+        row = " | ".join(f"{label} {t * 1e3:.2f} ms" for label, t in times.items())
+        ratios = [f"dynamic/static {times['minductor_dynamic'] / times['minductor']:.2f}",
+                  f"dynamic {times['eager'] / times['minductor_dynamic']:.2f}x eager"]
+        if with_inductor:
+            ratios.append(f"{times['inductor_dynamic'] / times['minductor_dynamic']:.2f}x inductor dynamic")
+        print(f"{name}: {row} ({', '.join(ratios)})", flush=True)
+
+
 def bench_overhead(with_inductor: bool) -> None:
     """What a compiled call costs beyond its kernel: ``x.sum(1)`` on a tiny and on a large input,
     for eager, Dynamo alone (backend "eager"), minductor, minductor's wrapper called directly
@@ -234,13 +276,15 @@ def _split_call(fn: Any, x: torch.Tensor, calls: int = 300) -> tuple[float, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--no-inductor", action="store_true")
-    parser.add_argument("--only", choices=["speed", "training", "compile", "memory", "overhead"])
+    parser.add_argument("--only", choices=["speed", "training", "dynamic", "compile", "memory", "overhead"])
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
     ns = parser.parse_args()
     if ns.only in (None, "speed"):
         bench_speed(not ns.no_inductor, ns.workloads)
     if ns.only in (None, "training"):
         bench_training(not ns.no_inductor)
+    if ns.only in (None, "dynamic"):
+        bench_dynamic(not ns.no_inductor)
     if ns.only in (None, "compile"):
         bench_compile(not ns.no_inductor)
     if ns.only in (None, "memory"):
