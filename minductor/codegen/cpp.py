@@ -42,6 +42,7 @@ from minductor.codegen.cpp_split_rows import THREADS_LINE, emit_split_rows, spli
 from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
 from minductor.codegen.cpp_unit import ARGS_PLACEHOLDER, render_unit
 from minductor.codegen.loop_shapes import (
+    OUTER_LANE_WIDTHS,
     ROW_GROUP,
     Loop,
     MergedDims,
@@ -52,8 +53,8 @@ from minductor.codegen.loop_shapes import (
     linear_index,
     merge_dims,
     mutation_loops,
-    OUTER_LANE_WIDTHS,
     outer_lane_width,
+    parallel_decision,
     planning_size,
     split_and_merge_dims,
     vectorizes_outside,
@@ -65,21 +66,7 @@ from minductor.virtualized import V
 
 Expr = sympy.Expr
 
-# below this many element-iterations a kernel runs on one thread
-PARALLEL_THRESHOLD = 32768
 FLAT_CHUNK = 4096  # elements per chunk of a flat loop whose output streams
-
-
-def parallel_decision(work: Expr) -> tuple[bool, str]:
-    """(whether the kernel's loops are parallel, the run-time condition of their OpenMP ``if``
-    clause or ""): static work decides at compile time; symbolic work at run time. A graph
-    compiled when a dynamic dim was small (Dynamo's hint, and the graph cache that serves it
-    for every size) would otherwise run every later size on one thread: x.sum(1) at 4096²,
-    compiled at 4x4, took 2.7 ms against 1.3 ms."""
-    if work.is_number:
-        return int(work) >= PARALLEL_THRESHOLD, ""
-    return True, f"{cpp_index(work)} >= {PARALLEL_THRESHOLD}"
-# the threads a kernel that keeps per-thread partials runs on
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
 
 

@@ -24,9 +24,9 @@ import re
 import sympy
 
 from minductor.codegen.common import CPP_COMPUTE_TYPES, CodeBuffer, cpp_index
-from minductor.codegen.cpp import CppKernel, parallel_decision
+from minductor.codegen.cpp import CppKernel
 from minductor.codegen.cpp_ops import CppOps, cpp_constant
-from minductor.codegen.loop_shapes import planning_size
+from minductor.codegen.loop_shapes import parallel_decision, planning_size
 from minductor.ir.indexing import FloorDiv, ModularIndexing, index_symbol
 from minductor.ir.nodes import Scan
 from minductor.scheduler.nodes import FusedGroup
