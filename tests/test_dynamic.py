@@ -257,6 +257,7 @@ _RUN_TIME_PARALLEL = {
     "cumsum_rows": lambda x: x.cumsum(1),
     "cumsum_columns": lambda x: x.cumsum(0),
     "transpose_add": lambda x: x.t() + 1,
+    "index_put_rows": lambda x: torch.zeros_like(x).index_put(((x[:, 0] > 0).long(),), x, accumulate=True),
 }
 
 
@@ -291,6 +292,7 @@ _HINT_FREE = {
     "cumsum_rows": lambda t, u: t.cumsum(1),
     "cumsum_columns": lambda t, u: t.cumsum(0),
     "full_sum": lambda t, u: t.sum(),
+    "index_put_rows": lambda t, u: torch.zeros_like(t).index_put(((t[:, 0] > 0).long(),), t, accumulate=True),
 }
 
 
@@ -313,7 +315,7 @@ def _dynamic_kernels(fn, shape, tmp_path) -> str:
 def test_kernel_shapes_over_symbolic_sizes_do_not_depend_on_a_small_hint(tmp_path, name) -> None:
     """A graph compiled at a tiny size (the hint Dynamo recorded when the dim turned dynamic,
     and the graph cache then serves the graph for every size) gets the kernels a large hint
-    gives: loop order, tiles, streaming stores, scan tiles, split rows. Shapes chosen from the
+    gives: loop order, tiles, streaming stores, scan tiles, split rows, scatter chunks. Shapes chosen from the
     tiny hint ran 4096^2 up to 70x slower (x.t() + 1 walked its output column by column)."""
     fn = _HINT_FREE[name]
     small = _dynamic_kernels(fn, (3, 5), tmp_path / "small")
@@ -350,3 +352,19 @@ def test_a_graph_compiled_at_a_small_hint_keeps_its_large_buffers_across_calls(t
     torch.testing.assert_close(again, torch.sin(large) * 2 + 1)
     compiled(small)
     assert held_bytes(pools) == large.numel() * 4  # the tiny output was not kept
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x[:, 0] * 2,
+    lambda x: x[:, -1] * 2,
+    lambda x: x[-1] + 1,
+    lambda x: x.select(1, 1).sum(),
+], ids=["first_column", "last_column", "last_row", "select_sum"])
+def test_select_along_a_symbolic_dim(fn) -> None:
+    """Selecting one index of a dynamic dim (``x[:, 0]``, ``x[:, -1]``) is a view at any size;
+    it used to fail to compile (the lowering read the dim's size as an int)."""
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for shape in [(3, 5), (7, 9), (2, 40000)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert metrics.graphs_compiled == 1

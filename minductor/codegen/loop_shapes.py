@@ -202,14 +202,24 @@ def planning_size(size: Expr, floor: int) -> int:
     return int(size) if size.is_number else max(V.graph.sizevars.hint(size), floor)
 
 
-def inner_chunk(size: Expr) -> int:
-    """Columns per parallel chunk of a scatter's innermost loop split across threads."""
+def inner_chunk(size: Expr) -> int | str:
+    """Columns per parallel chunk of a scatter's innermost loop split across threads: a
+    thread's share in whole lines, at least SCATTER_CHUNK_MIN; of a symbolic size, the same
+    computed at run time (a C expression). Chunks of the hint's width ran index_put of 8192
+    rows into 4096x1024, compiled at 8x8, in 64-column chunks: 4.28 against 2.79 ms static."""
     threads = max(1, torch.get_num_threads())
-    return max(SCATTER_CHUNK_MIN, -(-V.graph.sizevars.hint(size) // threads // LINE) * LINE)
+    size = sympy.sympify(size)
+    if size.is_number:
+        return max(SCATTER_CHUNK_MIN, -(-int(size) // threads // LINE) * LINE)
+    step = threads * LINE
+    return f"mi_max_i64({SCATTER_CHUNK_MIN}, ({cpp_index(size)} + {step - 1}) / {step} * {LINE})"
 
 
 def _chunks(size: Expr) -> int:
-    return -(-V.graph.sizevars.hint(size) // inner_chunk(size))
+    """How many chunks ``inner_chunk`` cuts a loop of ``size`` into; a symbolic loop counts as
+    cut (its chunks are a thread's share at any size)."""
+    chunk = inner_chunk(size)
+    return -(-int(size) // chunk) if isinstance(chunk, int) else 2
 
 
 def _apart_loops(group: FusedGroup, dims: MergedDims) -> list[bool]:

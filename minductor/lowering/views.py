@@ -180,12 +180,13 @@ def squeeze(x: TensorBox, dim: Any = None) -> TensorBox:
 def select(x: TensorBox, dim: int, index: int) -> TensorBox:
     old = x.get_size()
     dim = _dim(dim, len(old))
-    size = int(old[dim])
-    if not -size <= index < size:
+    size, index = old[dim], sympy.sympify(index)
+    if size.is_number and index.is_number and not -int(size) <= int(index) < int(size):
         raise IndexError(f"select(): index {index} out of range for dim {dim} of size {size} (shape {list(old)})")
-    index = index + size if index < 0 else index
+    # (a symbolic size or index was checked by Dynamo while tracing, and is guarded)
+    index = index + size if index.is_number and index < 0 else index
     new = list(old[:dim]) + list(old[dim + 1:])
-    return make_view(x, new, lambda idx: list(idx[:dim]) + [sympy.Integer(index)] + list(idx[dim:]))
+    return make_view(x, new, lambda idx: list(idx[:dim]) + [index] + list(idx[dim:]))
 
 
 @register_lowering(aten.slice)
