@@ -78,6 +78,12 @@ pool_min_bytes: int = _env_int("MINDUCTOR_POOL_MIN_BYTES", 256 * 1024)
 # reading the output back from cache made them a loss). 0 turns them off.
 stream_store_min_bytes: int = _env_int("MINDUCTOR_STREAM_STORE_MIN_BYTES", 16 << 20)
 
+# Which library runs float32 matrix products on CPU (mm, and addmm with a vector bias): "mkl"
+# (aten's mm.out), "onednn" (oneDNN's matmul, torch.ops.mkldnn._linear_pointwise) or "auto":
+# oneDNN on x86 CPUs not made by Intel, whose MKL dispatch skips its AVX-512 kernels (on an AMD
+# EPYC, 1024x256 @ 256x1024: MKL 2.39 ms, oneDNN 1.08 ms), MKL elsewhere.
+cpu_gemm: str = os.environ.get("MINDUCTOR_CPU_GEMM") or "auto"
+
 # A fused row kernel keeps a pointwise value it stores and reads back within the row (softmax's
 # exp) in a row-sized stack array instead of memory (codegen/cpp_rows.py).
 row_scratch: bool = _env_bool("MINDUCTOR_ROW_SCRATCH", True)

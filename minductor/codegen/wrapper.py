@@ -79,7 +79,9 @@ def _internal_buffers(group: FusedGroup, i: int, last_use: dict[str, int], outpu
 def py_arg(obj: Any) -> str:
     """Python source for an extern call argument."""
     if isinstance(obj, ReinterpretView):
-        lay = obj.layout
+        lay, base = obj.layout, getattr(obj.data, "layout", None)
+        if base is not None and (lay.size, lay.stride, lay.offset) == (base.size, base.stride, 0):
+            return obj.data.name  # the whole buffer as it is laid out
         return f"reinterpret_tensor({obj.data.name}, {py_shape(lay.size)}, {py_shape(lay.stride)}, {py_index(lay.offset)})"
     if isinstance(obj, Buffer):
         return obj.name

@@ -54,7 +54,45 @@ def extern_out(op: Any, *args: Any, **kwargs: Any) -> TensorBox:
 
 @register_lowering(aten.mm)
 def mm(a: TensorBox, b: TensorBox) -> TensorBox:
+    if _onednn_mm(a, b):
+        from minductor.lowering.views import permute
+
+        # oneDNN's inner product computes a @ w.t(): w is b transposed, a view (any strides)
+        return extern_alloc(torch.ops.mkldnn._linear_pointwise.default, a, permute(b, [1, 0]), None, "none", [], "")
     return extern_out(aten.mm.out, a, b)
+
+
+ONEDNN_MIN_MACS = 1 << 20  # smaller products pay more in oneDNN's per-call cost than they gain
+
+
+def _onednn_mm(a: TensorBox, b: TensorBox) -> bool:
+    """Whether ``a @ b`` runs on oneDNN (``config.cpu_gemm``; "auto": where it beats MKL, see
+    ``onednn_gemm_pays_off``): float32 on CPU, the reduced and output widths static and
+    non-zero (oneDNN rejects an empty reduction), at least ``ONEDNN_MIN_MACS`` multiply-adds
+    at the size hints."""
+    from minductor import config
+    from minductor.runtime.cache import onednn_gemm_pays_off
+
+    if config.cpu_gemm == "mkl" or (config.cpu_gemm == "auto" and not onednn_gemm_pays_off()):
+        return False
+    if config.cpu_gemm not in ("auto", "onednn"):
+        raise ValueError(f"config.cpu_gemm (MINDUCTOR_CPU_GEMM) is {config.cpu_gemm!r}: use 'auto', 'mkl' or 'onednn'")
+    if a.get_device().type != "cpu" or a.get_dtype() != torch.float32 or b.get_dtype() != torch.float32:
+        return False
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    (m, k), n = a.get_size(), b.get_size()[1]
+    if not (sympy.sympify(k).is_Integer and sympy.sympify(n).is_Integer and int(k) > 0 and int(n) > 0):
+        return False
+    return V.graph.sizevars.hint(m) * int(k) * int(n) >= ONEDNN_MIN_MACS
+
+
+def extern_alloc(op: Any, *args: Any) -> TensorBox:
+    """Call ``op``, which allocates its result: a buffer of the fake result's layout (the
+    wrapper asserts it where sizes are static)."""
+    node = ExternKernelAlloc(name="", layout=layout_of(V.graph.current_node.meta["val"]), op=op, args=_realize_args(args))
+    V.graph.register_buffer(node)
+    return TensorBox.create(node)
 
 
 @register_lowering(aten.bmm)
@@ -71,7 +109,7 @@ def addmm(bias: TensorBox, a: TensorBox, b: TensorBox, *, beta: Any = 1, alpha: 
     if beta == 1 and alpha == 1 and _bias_in_epilogue(bias, a):
         from minductor.lowering.registry import lowerings
 
-        return lowerings[aten.add.Tensor](extern_out(aten.mm.out, a, b), bias)
+        return lowerings[aten.add.Tensor](mm(a, b), bias)
     return extern_out(aten.addmm.out, bias, a, b, beta=beta, alpha=alpha)
 
 

@@ -1,0 +1,120 @@
+"""Float32 matrix products on CPU run on MKL (aten's mm.out into a planned buffer) or on oneDNN
+(``torch.ops.mkldnn._linear_pointwise``, which allocates its result): ``config.cpu_gemm``.
+Either way results match eager, forward and backward, for every operand layout."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minductor import config
+from minductor.lowering import extern
+from minductor.runtime import cache
+
+ONEDNN = "mkldnn._linear_pointwise"
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    torch._dynamo.reset()
+
+
+def _codes(tmp_path: Path) -> dict[str, str]:
+    return {p.parent.name.split("_")[-1]: p.read_text() for p in tmp_path.glob("graph_*/output_code.py")}
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+def test_linear_layers_train_on_onednn(tmp_path: Path) -> None:
+    """Forward (x @ w.t()), backward (g @ w and g.t() @ x: transposed operands) and inference
+    all call oneDNN; outputs and every gradient match eager."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 128))
+    x = torch.randn(300, 256, requires_grad=True)
+    ref = model(x)
+    ref.square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad()
+    x.grad = None
+    with config.patch(debug=True, debug_dir=str(tmp_path), cpu_gemm="onednn"):
+        compiled = torch.compile(model, backend="minductor")
+        out = compiled(x)
+        out.square().sum().backward()
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    for got, want in zip([p.grad for p in model.parameters()] + [x.grad], grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+    codes = _codes(tmp_path)
+    assert {"forward", "backward", "inference"} <= set(codes), sorted(codes)
+    for kind in ("forward", "backward", "inference"):
+        assert ONEDNN in codes[kind] and "aten.mm.out" not in codes[kind], kind
+    assert codes["forward"].count(ONEDNN) == 2 and codes["backward"].count(ONEDNN) == 4
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+@pytest.mark.parametrize("case", ["transposed", "sliced", "expanded", "dynamic"])
+def test_onednn_takes_any_operand_layout(tmp_path: Path, case: str) -> None:
+    torch.manual_seed(0)
+    a, b, lin = torch.randn(200, 96), torch.randn(96, 160), torch.nn.Linear(96, 160)
+    fns = {
+        "transposed": (lambda a, b: a.t().t() @ b.t().contiguous().t(), (a, b)),
+        "sliced": (lambda a, b: a[::2, 1:] @ b[1:, ::2], (torch.randn(400, 97), torch.randn(97, 320))),
+        "expanded": (lambda a, b: a.expand(200, 96) @ b, (torch.randn(1, 96), b)),
+        "dynamic": (lambda a: torch.relu(lin(a)), (a,)),  # a parameter keeps static sizes
+    }
+    fn, args = fns[case]
+    with config.patch(debug=True, debug_dir=str(tmp_path), cpu_gemm="onednn"), torch.no_grad():
+        compiled = torch.compile(fn, backend="minductor", dynamic=case == "dynamic")
+        torch.testing.assert_close(compiled(*args), fn(*args), rtol=1e-4, atol=1e-4)
+        if case == "dynamic":  # the batch is a size symbol; the reduced and output widths stay static
+            other = torch.randn(333, 96)
+            torch.testing.assert_close(compiled(other), fn(other), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(compiled(other[:0]), fn(other[:0]))
+    first = sorted(tmp_path.glob("graph_*/output_code.py"))[0].read_text()
+    assert ONEDNN in first
+    if case == "dynamic":
+        assert "assert_size_stride(arg" in first and "(s" in first
+
+
+@pytest.mark.parametrize("shape", [(8, 8, 8), (64, 0, 64)])
+def test_small_or_empty_products_stay_on_mkl(tmp_path: Path, shape: tuple[int, int, int]) -> None:
+    """Below ONEDNN_MIN_MACS oneDNN's per-call cost outweighs it; an empty reduction (oneDNN
+    rejects it) gives zeros through mm.out."""
+    m, k, n = shape
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    with config.patch(debug=True, debug_dir=str(tmp_path), cpu_gemm="onednn"):
+        torch.testing.assert_close(torch.compile(torch.mm, backend="minductor")(a, b), a @ b)
+    code = next(iter(_codes(tmp_path).values()))
+    assert ONEDNN not in code and "aten.mm.out" in code
+    assert m * k * n < extern.ONEDNN_MIN_MACS
+
+
+def test_mkl_keeps_mm_out_and_the_bias_epilogue(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    x, w, b = torch.randn(256, 256), torch.randn(256, 512), torch.randn(512)
+    fn = lambda x: F.gelu(torch.addmm(b, x, w))  # noqa: E731
+    with config.patch(debug=True, debug_dir=str(tmp_path), cpu_gemm="mkl"), torch.no_grad():
+        torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x), rtol=1e-4, atol=1e-4)
+    code = next(iter(_codes(tmp_path).values()))
+    assert ONEDNN not in code and "aten.mm.out" in code and "addmm" not in code
+
+
+@pytest.mark.parametrize("vendor, machine, onednn", [("AuthenticAMD", "x86_64", True), ("HygonGenuine", "x86_64", True),
+                                                     ("GenuineIntel", "x86_64", False), (None, "aarch64", False)])
+def test_auto_takes_onednn_where_mkl_dispatch_is_slow(monkeypatch: pytest.MonkeyPatch, vendor: str | None,
+                                                     machine: str, onednn: bool) -> None:
+    monkeypatch.setattr(cache, "cpu_info", lambda: {} if vendor is None else {"vendor_id": vendor})
+    monkeypatch.setattr(cache.platform, "machine", lambda: machine)
+    cache.onednn_gemm_pays_off.cache_clear()
+    try:
+        assert cache.onednn_gemm_pays_off() is onednn
+    finally:
+        cache.onednn_gemm_pays_off.cache_clear()
+
+
+def test_unknown_gemm_choice_is_a_clear_error() -> None:
+    a, b = torch.randn(256, 64), torch.randn(64, 256)
+    with config.patch(cpu_gemm="blis"), pytest.raises(Exception, match="cpu_gemm.*'blis'.*'auto', 'mkl' or 'onednn'"):
+        torch.compile(torch.mm, backend="minductor")(a, b)
