@@ -80,7 +80,7 @@ stream_store_min_bytes: int = _env_int("MINDUCTOR_STREAM_STORE_MIN_BYTES", 16 <<
 
 # Which library runs float32 matrix products on CPU (mm, and addmm with a vector bias): "mkl"
 # (aten's mm.out), "onednn" (oneDNN's matmul, torch.ops.mkldnn._linear_pointwise) or "auto":
-# oneDNN on x86 CPUs not made by Intel, whose MKL dispatch skips its AVX-512 kernels (on an AMD
+# oneDNN on x86 CPUs not made by Intel, where MKL's dispatch takes a slower path (on an AMD
 # EPYC, 1024x256 @ 256x1024: MKL 2.39 ms, oneDNN 1.08 ms), MKL elsewhere.
 cpu_gemm: str = os.environ.get("MINDUCTOR_CPU_GEMM") or "auto"
 

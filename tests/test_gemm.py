@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from minductor import config
 from minductor.lowering import extern
 from minductor.runtime import cache
+from minductor.runtime.helpers import mm_onednn
 
 ONEDNN = "mkldnn._linear_pointwise"
 
@@ -118,3 +119,26 @@ def test_unknown_gemm_choice_is_a_clear_error() -> None:
     a, b = torch.randn(256, 64), torch.randn(64, 256)
     with config.patch(cpu_gemm="blis"), pytest.raises(Exception, match="cpu_gemm.*'blis'.*'auto', 'mkl' or 'onednn'"):
         torch.compile(torch.mm, backend="minductor")(a, b)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+def test_weight_gradients_over_a_symbolic_batch_take_onednn(tmp_path: Path) -> None:
+    """Under dynamic shapes a weight gradient reduces over the batch, a size symbol: it runs on
+    oneDNN through ``mm_onednn``, which gives zeros for an empty reduction (oneDNN rejects it)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    with config.patch(debug=True, debug_dir=str(tmp_path), cpu_gemm="onednn"):
+        compiled = torch.compile(model, backend="minductor", dynamic=True)
+        for batch in (300, 517):
+            x = torch.randn(batch, 128)
+            compiled(x).square().sum().backward()
+            got = [p.grad.clone() for p in model.parameters()]
+            model.zero_grad()
+            model(x).square().sum().backward()
+            for g, want in zip(got, [p.grad for p in model.parameters()]):
+                torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-3)
+            model.zero_grad()
+    backward = _codes(tmp_path)["backward"]
+    assert "mm_onednn(" in backward and "aten.mm.out" not in backward
+    a, w = torch.randn(5, 0), torch.randn(3, 0)
+    torch.testing.assert_close(mm_onednn(a, w), a @ w.t())

@@ -23,6 +23,7 @@ from minductor.ir.nodes import (
 )
 from minductor.ir.views import realize_input
 from minductor.lowering.registry import aten, register_lowering
+from minductor.runtime.helpers import mm_onednn
 from minductor.sizevars import to_expr
 from minductor.virtualized import V
 
@@ -58,6 +59,8 @@ def mm(a: TensorBox, b: TensorBox) -> TensorBox:
         from minductor.lowering.views import permute
 
         # oneDNN's inner product computes a @ w.t(): w is b transposed, a view (any strides)
+        if not sympy.sympify(a.get_size()[1]).is_Integer:  # the run-time helper handles k == 0
+            return extern_alloc(mm_onednn, a, permute(b, [1, 0]))
         return extern_alloc(torch.ops.mkldnn._linear_pointwise.default, a, permute(b, [1, 0]), None, "none", [], "")
     return extern_out(aten.mm.out, a, b)
 
@@ -67,9 +70,10 @@ ONEDNN_MIN_MACS = 1 << 20  # smaller products pay more in oneDNN's per-call cost
 
 def _onednn_mm(a: TensorBox, b: TensorBox) -> bool:
     """Whether ``a @ b`` runs on oneDNN (``config.cpu_gemm``; "auto": where it beats MKL, see
-    ``onednn_gemm_pays_off``): float32 on CPU, the reduced and output widths static and
-    non-zero (oneDNN rejects an empty reduction), at least ``ONEDNN_MIN_MACS`` multiply-adds
-    at the size hints."""
+    ``onednn_gemm_pays_off``): float32 on CPU, a static non-zero output width, a reduced width
+    that is symbolic (a weight gradient's batch, checked at run time: oneDNN rejects an
+    empty reduction) or a non-zero integer, at least ``ONEDNN_MIN_MACS`` multiply-adds at the
+    size hints."""
     from minductor import config
     from minductor.runtime.cache import onednn_gemm_pays_off
 
@@ -81,10 +85,10 @@ def _onednn_mm(a: TensorBox, b: TensorBox) -> bool:
         return False
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
-    (m, k), n = a.get_size(), b.get_size()[1]
-    if not (sympy.sympify(k).is_Integer and sympy.sympify(n).is_Integer and int(k) > 0 and int(n) > 0):
+    m, k, n = (sympy.sympify(e) for e in (*a.get_size(), b.get_size()[1]))
+    if not (n.is_Integer and int(n) > 0 and (not k.is_number or (k.is_Integer and int(k) > 0))):
         return False
-    return V.graph.sizevars.hint(m) * int(k) * int(n) >= ONEDNN_MIN_MACS
+    return V.graph.sizevars.hint(m) * V.graph.sizevars.hint(k) * int(n) >= ONEDNN_MIN_MACS
 
 
 def extern_alloc(op: Any, *args: Any) -> TensorBox:
