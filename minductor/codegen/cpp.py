@@ -18,6 +18,7 @@ import torch
 
 from minductor.codegen.common import CPP_COMPUTE_TYPES, CPP_STORAGE_TYPES, CSE, CodeBuffer, KernelArgs, cpp_index
 from minductor.codegen.cpp_calls import batchable_calls, emit_batched_loop, may_batch
+from minductor.codegen.cpp_interior import emit_innermost
 from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
 from minductor.codegen.cpp_stream import (
     StreamStore,
@@ -118,6 +119,8 @@ class CppKernel:
         self.gathers = False  # loads through an index that changes along the innermost loop
         self.indirect_sizes: dict[str, Expr] = {}  # computed index (its C++ name) -> the dim it indexes
         self.indirect = False  # loads or stores through any computed index
+        self.index_values: dict[str, Expr] = {}  # integer index values and their tests (cpp_interior)
+        self.index_tests: dict[str, Expr] = {}
         self.internal: frozenset[str] = frozenset()  # written here, read nowhere else (wrapper)
         self.written_over: dict[str, str] = {}  # output -> dying input whose storage it takes (wrapper)
         self.local: dict[str, str] = {}  # of those, kept in a per-iteration local: name -> C++ name
@@ -357,7 +360,8 @@ class CppKernel:
         streams = self.may_stream and (n > 1 or parallel) and self._streamable_writes()
         small_inner = pure_pointwise and n >= 2 and self.tile_var is None and not self.scatters and vectorizes_outside(outer.sizes)
         chunk = inner_chunk(outer.sizes[-1]) if parallel and self.scatter_chunks else 0
-        defer = pure_pointwise and n >= 1 and not small_inner and not chunk and (streams or may_batch(self, group_origins(self.group)))
+        defer = pure_pointwise and n >= 1 and not small_inner and not chunk and (
+            streams or may_batch(self, group_origins(self.group)) or (n > 1 and self.tile_var is None and not self.scatters))
         opened = 0
         if chunk:  # the innermost loop's chunks across threads, the other loops inside each
             opened = open_chunks(code, outer.sizes[-1], chunk)
@@ -646,15 +650,7 @@ class CppKernel:
             code.writeline(f"for (int64_t {outer_var} = 0; {outer_var} < {cpp_index(size)}; {outer_var}++)")
             code.writeline("{")
             code._indent += 1
-        store = self._stream_store(var, length)
-        calls = batchable_calls(self.body.lines, self)
-        if store is None and calls:
-            emit_batched_loop(code, var, lo, hi, self.body.lines, calls)
-        elif store is None:
-            simd_loop(code, var, lo, hi, self.body.lines)
-        else:
-            emit_streamed_loop(code, var, lo, hi, self.body.lines, store, self.range_of, calls)
-            self.streamed = True
+        emit_innermost(self, code, var, lo, hi, length)
         for _ in dims.variables[:-1]:
             code._indent -= 1
             code.writeline("}")

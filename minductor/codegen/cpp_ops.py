@@ -15,6 +15,7 @@ import torch
 
 from minductor import config
 from minductor.codegen.common import CPP_COMPUTE_TYPES, CPP_TYPES
+from minductor.codegen.cpp_interior import record_comparison
 from minductor.ir.indexing import index_symbol
 
 Expr = sympy.Expr
@@ -184,13 +185,20 @@ class CppOps:
 
     # binary ------------------------------------------------------------------------------
     def add(self, a: str, b: str) -> str:
-        return self._same(a, f"{a} + {b}")
+        return self._index_arith(a, b, self._same(a, f"{a} + {b}"), lambda x, y: x + y)
 
     def sub(self, a: str, b: str) -> str:
-        return self._same(a, f"{a} - {b}")
+        return self._index_arith(a, b, self._same(a, f"{a} - {b}"), lambda x, y: x - y)
 
     def mul(self, a: str, b: str) -> str:
-        return self._same(a, f"{a} * {b}")
+        return self._index_arith(a, b, self._same(a, f"{a} * {b}"), lambda x, y: x * y)
+
+    def _index_arith(self, a: str, b: str, var: str, fn: Callable[[Expr, Expr], Expr]) -> str:
+        """Integer arithmetic on index values (arange's) stays an index value (cpp_interior)."""
+        values = self.kernel.index_values
+        if a in values and b in values:
+            values[var] = sympy.expand(fn(values[a], values[b]))
+        return var
 
     def truediv(self, a: str, b: str) -> str:
         # by a loaded loop-invariant divisor (softmax's sum, a norm): a multiply by its reciprocal,
@@ -248,6 +256,11 @@ class CppOps:
     def nextafter(self, a: str, b: str) -> str:
         return self._cse(f"mi_c_nextafter({a}, {b})")
 
+    def _compare(self, op: str, a: str, b: str, expr: str) -> str:
+        var = self._cse(expr)
+        record_comparison(self.kernel, var, op, a, b)
+        return var
+
     def eq(self, a: str, b: str) -> str:
         return self._cse(f"{a} == {b}")
 
@@ -255,16 +268,16 @@ class CppOps:
         return self._cse(f"{a} != {b}")
 
     def lt(self, a: str, b: str) -> str:
-        return self._cse(f"{a} < {b}")
+        return self._compare("lt", a, b, f"{a} < {b}")
 
     def le(self, a: str, b: str) -> str:
-        return self._cse(f"{a} <= {b}")
+        return self._compare("le", a, b, f"{a} <= {b}")
 
     def gt(self, a: str, b: str) -> str:
-        return self._cse(f"{a} > {b}")
+        return self._compare("gt", a, b, f"{a} > {b}")
 
     def ge(self, a: str, b: str) -> str:
-        return self._cse(f"{a} >= {b}")
+        return self._compare("ge", a, b, f"{a} >= {b}")
 
     def logical_and(self, a: str, b: str) -> str:
         return self._cse(f"{a} && {b}")
@@ -307,7 +320,10 @@ class CppOps:
         self.kernel.store(name, index, value, self.kernel.suffix)
 
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> str:
-        return self._cse(f"static_cast<{CPP_COMPUTE_TYPES[dtype]}>({self.kernel.index_str(expr)})")
+        var = self._cse(f"static_cast<{CPP_COMPUTE_TYPES[dtype]}>({self.kernel.index_str(expr)})")
+        if not dtype.is_floating_point and dtype != torch.bool:
+            self.kernel.index_values[var] = sympy.expand(sympy.sympify(expr).xreplace(self.kernel.substitution))
+        return var
 
     def indirect_indexing(self, x: str, size: Expr, check: bool = True, wrap: bool = True) -> Expr:
         size_str = self.kernel.index_str(size)
@@ -331,14 +347,20 @@ class CppOps:
         return index_symbol(var)
 
     def constant(self, value: bool | float, dtype: torch.dtype) -> str:
-        return self._cse(cpp_constant(value, dtype))
+        var = self._cse(cpp_constant(value, dtype))
+        if not dtype.is_floating_point and dtype != torch.bool and float(value).is_integer():
+            self.kernel.index_values[var] = sympy.Integer(int(value))
+        return var
 
     def to_dtype(self, x: str, dtype: torch.dtype) -> str:
         if dtype == torch.float16:
             return self._cse(f"mi_round_half(static_cast<float>({x}))")
         if dtype == torch.bfloat16:
             return self._cse(f"mi_round_bf16(static_cast<float>({x}))")
-        return self._cse(f"static_cast<{CPP_TYPES[dtype]}>({x})")
+        var = self._cse(f"static_cast<{CPP_TYPES[dtype]}>({x})")
+        if x in self.kernel.index_values and not dtype.is_floating_point and dtype != torch.bool:
+            self.kernel.index_values[var] = self.kernel.index_values[x]
+        return var
 
     def masked(self, mask: str, body: Callable[[], Any], other: bool | float) -> str:
         return self.kernel.masked(mask, body, other)

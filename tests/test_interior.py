@@ -1,0 +1,103 @@
+"""Interior loops (codegen/cpp_interior.py): a pointwise loop whose body tests index bounds
+runs its interior with those tests folded to true, and its edges as before. Results match
+eager bit for bit, at every edge, for windows, pads and masks built from index comparisons."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minductor import config
+from minductor.codegen.cpp_interior import record_comparison
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    torch._dynamo.reset()
+
+
+def _check(fn, *args: torch.Tensor, tmp_path: Path, dynamic: bool = False) -> str:
+    with config.patch(debug=True, debug_dir=str(tmp_path)), torch.no_grad():
+        out = torch.compile(fn, backend="minductor", dynamic=dynamic)(*args)
+    torch.testing.assert_close(out, fn(*args), rtol=0, atol=0, equal_nan=True)
+    return "\n".join(p.read_text() for p in sorted(tmp_path.glob("graph_*/cpp_*.cpp")))
+
+
+WINDOWS = {
+    "max_pool_3x3_s2_p1": lambda x: F.max_pool2d(x, 3, 2, 1),
+    "max_pool_ceil": lambda x: F.max_pool2d(x, 3, 2, 1, ceil_mode=True),
+    "max_pool_dilated": lambda x: F.max_pool2d(x, 3, 1, 1, dilation=2),
+    "avg_pool_pad": lambda x: F.avg_pool2d(x, 3, 2, 1),
+    "avg_pool_no_pad_count": lambda x: F.avg_pool2d(x, 3, 1, 1, count_include_pad=False),
+    "pad": lambda x: F.pad(x, (1, 2, 3, 1)) * 2,
+    "pad_crop": lambda x: F.pad(x, (-1, 2, 1, -2)) + 1,
+    "reflect_like_roll": lambda x: torch.roll(x, 3, -1) + x,
+}
+
+
+@pytest.mark.parametrize("name", list(WINDOWS))
+def test_windows_and_pads_match_eager_at_every_edge(tmp_path: Path, name: str) -> None:
+    x = torch.randn(2, 3, 33, 40)
+    x[0, 0, 0, 0] = x[1, 2, 32, 39] = x[0, 1, 16, 20] = float("nan")  # corners and interior
+    _check(WINDOWS[name], x, tmp_path=tmp_path)
+
+
+def test_max_pool_interior_runs_without_masks(tmp_path: Path) -> None:
+    """The padding tests of the row (outer) and the column (innermost) hold inside: a guard on
+    the row, the column loop split at 1, and the tests replaced by true there."""
+    code = _check(lambda x: F.max_pool2d(x, 3, 2, 1), torch.randn(2, 4, 32, 32), tmp_path=tmp_path)
+    assert "if ((-1 + 2L*xo1 >= 0))" in code
+    assert "for (int64_t xo2 = 1; xo2 < 16; xo2++)" in code and "for (int64_t xo2 = 0; xo2 < 1; xo2++)" in code
+    assert code.count("= true;") == 2
+
+
+@pytest.mark.parametrize("case", ["ge", "gt", "le", "lt", "reversed", "negative_coefficient", "two_sided"])
+def test_masks_from_index_comparisons(tmp_path: Path, case: str) -> None:
+    """Every comparison form, normalized to e >= 0, bounds the interior exactly."""
+    n = 64
+    masks = {
+        "ge": lambda i: i >= 5,
+        "gt": lambda i: i > 5,
+        "le": lambda i: i <= 58,
+        "lt": lambda i: i < 58,
+        "reversed": lambda i: 7 < i,
+        "negative_coefficient": lambda i: (50 - 2 * i) < 0,
+        "two_sided": lambda i: (i >= 3) & (i < 61),
+    }
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        i = torch.arange(n, device=x.device)
+        return torch.where(masks[case](i), x * 2, x - 1)
+
+    code = _check(fn, torch.randn(8, n), tmp_path=tmp_path)
+    assert "= true;" in code, code
+
+
+def test_small_interiors_are_left_alone(tmp_path: Path) -> None:
+    """An interior under half the loop is not worth two loops: the plain loop only."""
+    code = _check(lambda x: F.pad(x, (3, 3)) * 2, torch.randn(4, 8, 2), tmp_path=tmp_path)
+    assert "= true;" not in code
+
+
+def test_symbolic_sizes_keep_the_plain_loop(tmp_path: Path) -> None:
+    fn = lambda x: F.max_pool2d(x, 3, 2, 1)  # noqa: E731
+    code = _check(fn, torch.randn(2, 3, 20, 24), tmp_path=tmp_path, dynamic=True)
+    other = torch.randn(2, 3, 9, 17)
+    torch.testing.assert_close(torch.compile(fn, backend="minductor", dynamic=True)(other), fn(other), rtol=0, atol=0)
+    assert "= true;" not in code  # the interior's bounds are computed for static sizes only
+
+
+def test_comparisons_normalize_to_nonnegative_expressions() -> None:
+    import sympy
+
+    class K:
+        index_values = {"a": sympy.Symbol("x0") * 2 - 1, "c": sympy.Integer(3)}
+        index_tests: dict = {}
+
+    for op, want in (("ge", "2*x0 - 4"), ("gt", "2*x0 - 5"), ("le", "4 - 2*x0"), ("lt", "3 - 2*x0")):
+        record_comparison(K, op, op, "a", "c")
+        assert str(K.index_tests[op]) == want
+    record_comparison(K, "float", "ge", "a", "not_an_index")
+    assert "float" not in K.index_tests
