@@ -17,17 +17,15 @@ import sympy
 import torch
 
 from minductor.codegen.common import CPP_COMPUTE_TYPES, CPP_STORAGE_TYPES, CSE, CodeBuffer, KernelArgs, cpp_index
-from minductor.codegen.cpp_calls import batchable_calls, emit_batched_loop, may_batch
+from minductor.codegen.cpp_calls import may_batch
 from minductor.codegen.cpp_interior import emit_innermost
 from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
 from minductor.codegen.cpp_stream import (
     StreamStore,
     emit_chunk_loop,
     open_chunks,
-    emit_streamed_loop,
     fence_parallel_region,
     pick_stream_store,
-    simd_loop,
     streamable_buffer,
 )
 from minductor.codegen.cpp_rows import declare_rows, fold_into_reductions, free_rows, register_results, row_offset

@@ -91,6 +91,7 @@ def emit_innermost(kernel: Any, code: Any, var: sympy.Symbol, lo: str, hi: str, 
     """The innermost pointwise loop over ``var`` in ``[lo, hi)``: streamed, with batched math
     calls, or ``omp simd``; over a whole static dim whose body tests bounds, split around its
     interior (see the module docstring)."""
+    # (imported here: cpp_calls imports cpp_ops, which records comparisons through this module)
     from minductor.codegen.cpp_calls import batchable_calls, emit_batched_loop
     from minductor.codegen.cpp_stream import emit_streamed_loop, simd_loop
 
