@@ -142,3 +142,14 @@ def test_weight_gradients_over_a_symbolic_batch_take_onednn(tmp_path: Path) -> N
     assert "mm_onednn(" in backward and "aten.mm.out" not in backward
     a, w = torch.randn(5, 0), torch.randn(3, 0)
     torch.testing.assert_close(mm_onednn(a, w), a @ w.t())
+
+
+def test_triton_kernels_on_cpu_keep_the_matmul_template(tmp_path: Path) -> None:
+    """cpu_backend="triton" generates mm as its Triton template (interpreter): never oneDNN."""
+    pytest.importorskip("triton", reason="the Triton backend needs triton")
+    a, b = torch.randn(128, 128), torch.randn(128, 128)
+    with config.patch(debug=True, debug_dir=str(tmp_path), cpu_gemm="onednn", cpu_backend="triton"):
+        torch.testing.assert_close(torch.compile(lambda a, b: (a @ b).relu(), backend="minductor")(a, b), (a @ b).relu(),
+                                   rtol=1e-4, atol=1e-4)
+    code = next(iter(_codes(tmp_path).values()))
+    assert ONEDNN not in code and "triton_tem_fused" in code

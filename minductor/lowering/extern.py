@@ -70,7 +70,7 @@ ONEDNN_MIN_MACS = 1 << 20  # smaller products pay more in oneDNN's per-call cost
 
 def _onednn_mm(a: TensorBox, b: TensorBox) -> bool:
     """Whether ``a @ b`` runs on oneDNN (``config.cpu_gemm``; "auto": where it beats MKL, see
-    ``onednn_gemm_pays_off``): float32 on CPU, a static non-zero output width, a reduced width
+    ``onednn_gemm_pays_off``): float32 on CPU with C++ kernels, a static non-zero output width, a reduced width
     that is symbolic (a weight gradient's batch, checked at run time: oneDNN rejects an
     empty reduction) or a non-zero integer, at least ``ONEDNN_MIN_MACS`` multiply-adds at the
     size hints."""
@@ -82,6 +82,8 @@ def _onednn_mm(a: TensorBox, b: TensorBox) -> bool:
     if config.cpu_gemm not in ("auto", "onednn"):
         raise ValueError(f"config.cpu_gemm (MINDUCTOR_CPU_GEMM) is {config.cpu_gemm!r}: use 'auto', 'mkl' or 'onednn'")
     if a.get_device().type != "cpu" or a.get_dtype() != torch.float32 or b.get_dtype() != torch.float32:
+        return False
+    if config.cpu_backend != "cpp":  # Triton kernels on CPU tensors keep mm.out for the matmul template
         return False
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
