@@ -101,3 +101,13 @@ def test_comparisons_normalize_to_nonnegative_expressions() -> None:
         assert str(K.index_tests[op]) == want
     record_comparison(K, "float", "ge", "a", "not_an_index")
     assert "float" not in K.index_tests
+
+
+def test_narrow_integer_values_that_wrap_are_not_followed(tmp_path: Path) -> None:
+    """uint8 arithmetic wraps at 256: a test on it must stay a test (arange(300) as uint8)."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        i = torch.arange(300, dtype=torch.int64).to(torch.uint8)
+        return torch.where(i >= 20, x, -x)
+
+    code = _check(fn, torch.randn(4, 300), tmp_path=tmp_path)
+    assert "= true;" not in code

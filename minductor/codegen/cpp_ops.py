@@ -19,6 +19,8 @@ from minductor.codegen.cpp_interior import record_comparison
 from minductor.ir.indexing import index_symbol
 
 Expr = sympy.Expr
+# integer values whose arithmetic the kernel's index tests can follow exactly (narrower types wrap)
+INDEX_DTYPES = (torch.int64, torch.int32)
 
 # the prelude's per-element float math written out inline (``mi_<name>``, a polynomial or a
 # rational of a dozen constants each): what the kernel rewrites look for in a loop body
@@ -321,7 +323,7 @@ class CppOps:
 
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> str:
         var = self._cse(f"static_cast<{CPP_COMPUTE_TYPES[dtype]}>({self.kernel.index_str(expr)})")
-        if not dtype.is_floating_point and dtype != torch.bool:
+        if dtype in INDEX_DTYPES:
             self.kernel.index_values[var] = sympy.expand(sympy.sympify(expr).xreplace(self.kernel.substitution))
         return var
 
@@ -348,7 +350,7 @@ class CppOps:
 
     def constant(self, value: bool | float, dtype: torch.dtype) -> str:
         var = self._cse(cpp_constant(value, dtype))
-        if not dtype.is_floating_point and dtype != torch.bool and float(value).is_integer():
+        if dtype in INDEX_DTYPES and float(value).is_integer():
             self.kernel.index_values[var] = sympy.Integer(int(value))
         return var
 
@@ -358,7 +360,7 @@ class CppOps:
         if dtype == torch.bfloat16:
             return self._cse(f"mi_round_bf16(static_cast<float>({x}))")
         var = self._cse(f"static_cast<{CPP_TYPES[dtype]}>({x})")
-        if x in self.kernel.index_values and not dtype.is_floating_point and dtype != torch.bool:
+        if x in self.kernel.index_values and dtype in INDEX_DTYPES:
             self.kernel.index_values[var] = self.kernel.index_values[x]
         return var
 
