@@ -26,10 +26,13 @@ from minductor.ir.nodes import (
     MultiOutput,
 )
 from minductor.ir.views import ReinterpretView
-from minductor.runtime.helpers import mm_onednn
+from minductor.runtime import helpers
 from minductor.runtime.loader import WrapperModule
 from minductor.scheduler import Scheduler
 from minductor.scheduler.nodes import ExternSchedulerNode, FusedGroup
+
+# runtime/helpers.py functions every wrapper module imports (extern calls may name them as ops)
+WRAPPER_HELPERS = ("assert_size_stride", "check_index_error", "mm_onednn", "reinterpret_tensor")
 
 
 class WrapperCodegenError(Exception):
@@ -259,8 +262,8 @@ def _op_name(op: Any, graph: Any) -> str:
         return _aten_name(op)
     if isinstance(op, torch._ops.HigherOrderOperator):
         return f"torch.ops.higher_order.{op.__name__}"
-    if op is mm_onednn:
-        return "mm_onednn"
+    if getattr(op, "__name__", "") in WRAPPER_HELPERS and getattr(helpers, op.__name__) is op:
+        return op.__name__
     for name, fn in graph.callables.items():
         if fn is op:
             return name
@@ -283,7 +286,7 @@ def _render_module(body: CodeBuffer, kernels: list[KernelCode], constants: list[
     out.writeline("import torch")
     out.writeline("from ctypes import c_int64, c_void_p")
     out.writeline("from minductor.runtime.cache import compile_and_load_many")
-    out.writeline("from minductor.runtime.helpers import assert_size_stride, check_index_error, mm_onednn, reinterpret_tensor")
+    out.writeline(f"from minductor.runtime.helpers import {', '.join(WRAPPER_HELPERS)}")
     out.writeline("")
     out.writeline("empty_strided = torch.empty_strided")
     if any("autotune_launch(" in k.call for k in kernels if k.backend == "triton"):
