@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minductor import metrics
+from minductor import config, metrics
 
 EXACT = {"rtol": 0, "atol": 0}
 
@@ -150,6 +150,44 @@ def test_adaptive_avg_pool_big_windows() -> None:
     check(lambda t: F.adaptive_avg_pool2d(t, (3, 2)), image(2, 3, 40, 41, dtype=torch.float16), exact=False)
     check(lambda t: F.adaptive_avg_pool1d(t, 3), image(2, 3, 70), exact=False)
     check(lambda t: F.adaptive_avg_pool3d(t, 2), image(1, 2, 30, 31, 33), exact=False)
+
+
+# big windows whose lead dims shrink 4x or more: (fn, input, the first pass's buffer size)
+TWO_PASS = {
+    "adaptive_20x20": (lambda t: F.adaptive_avg_pool2d(t, 7), image(2, 3, 128, 121), (2, 3, 7, 121)),
+    "adaptive_half": (lambda t: F.adaptive_avg_pool2d(t, (3, 2)), image(2, 3, 40, 41, dtype=torch.float16), (2, 3, 3, 41)),
+    "adaptive_wide_last": (lambda t: F.adaptive_avg_pool2d(t, (3, 5)), image(1, 2, 40, 200), (1, 2, 3, 200)),
+    "adaptive_3d": (lambda t: F.adaptive_avg_pool3d(t, 2), image(1, 2, 30, 31, 33), (1, 2, 2, 2, 33)),
+    "adaptive_channels_last": (lambda t: F.adaptive_avg_pool2d(t, 5),
+                               image(2, 3, 50, 45).to(memory_format=torch.channels_last), (2, 3, 5, 45)),
+    "avg_8x8": (lambda t: F.avg_pool2d(t, 8), image(2, 3, 64, 64), (2, 3, 8, 64)),
+    "avg_pad_ceil_exclude": (lambda t: F.avg_pool2d(t, (9, 7), (6, 5), (4, 3), ceil_mode=True, count_include_pad=False),
+                             image(2, 3, 50, 47), (2, 3, 9, 47)),
+}
+
+
+@pytest.mark.parametrize("case", list(TWO_PASS))
+def test_big_windows_sum_in_two_passes(case: str, tmp_path: Any) -> None:
+    """A big window sums its lead dims' windows at every position of the last dim into a
+    buffer, then the last dim's windows of that: forward and backward match eager."""
+    fn, x, lead_size = TWO_PASS[case]
+    check(fn, x, exact=False)
+    torch._dynamo.reset()
+    with config.patch(debug=True, debug_dir=str(tmp_path)), torch.no_grad():
+        torch.compile(fn, backend="minductor")(x)
+    code = next(tmp_path.glob("graph_*/output_code.py")).read_text()
+    assert f"take(0, {lead_size}" in code or f"empty_strided({lead_size}" in code, code
+    assert code.count("c_void_p(buf") >= 3, code  # the buffer is written by one kernel, read by the next
+
+
+def test_overlapping_big_windows_sum_in_one_pass(tmp_path: Any) -> None:
+    """Stride-1 big windows barely shrink the lead dims: no buffer the input's size."""
+    fn = lambda t: F.avg_pool2d(t, 7, 1, 3)  # noqa: E731
+    check(fn, image(2, 3, 20, 21), exact=False, backward=False)  # its backward falls back to aten
+    torch._dynamo.reset()
+    with config.patch(debug=True, debug_dir=str(tmp_path)), torch.no_grad():
+        torch.compile(fn, backend="minductor")(image(2, 3, 20, 21))
+    assert len(list(tmp_path.glob("graph_*/cpp_*.cpp"))) == 1
 
 
 def test_adaptive_pool_1d_3d_half() -> None:

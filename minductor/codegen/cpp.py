@@ -320,7 +320,9 @@ class CppKernel:
         outer_numel = sympy.Mul(*outer) if outer else sympy.Integer(1)
         inner_work = sum((sympy.Mul(*(lp.pw_inner + lp.red)) for lp in loops), sympy.Integer(0))
         self.scatters, self.scatter_depth, self.scatter_chunks, may_parallel = mutation_loops(self.group, merged_outer)
-        parallel, self.parallel_if = parallel_decision(outer_numel * sympy.Max(inner_work, 1))
+        # an element that loads many values (an unrolled window) is several elements' work
+        loads = max(len(n.read_writes.reads) for n in self.group.nodes)
+        parallel, self.parallel_if = parallel_decision(outer_numel * sympy.Max(inner_work, 1) * -(-loads // 4))
         parallel = parallel and may_parallel
         code = CodeBuffer()
         code.writeline(f"// Source nodes: {', '.join(self.group.names())}")

@@ -341,6 +341,8 @@ def _window_sum(x: TensorBox, n: int, kernel: list[int], position: Position,
 
         return unrolled
 
+    if _separates(x, n, size):
+        return _separable_window_sum(x, n, kernel, position, size, compute, name)
     # big windows: a Reduction over the last dim's window (contiguous lanes) of the sum over the
     # other dims' windows, unrolled when that is small enough, else over the whole window. With
     # a 2-D reduction each short row's lanes stay in memory across rows behind a per-row mask
@@ -362,6 +364,73 @@ def _window_sum(x: TensorBox, n: int, kernel: list[int], position: Position,
         ranges = [sympy.Integer(k) for k in kernel]
     node = TensorBox.create(Reduction(x.get_device(), compute, reduced, list(size), origins=x.origins | {name},
                                       src_dtype=compute, reduction_ranges=ranges, reduction_type="sum"))
+    node.realize()
+    return node.make_loader()
+
+
+def _separates(x: TensorBox, n: int, size: list[Expr]) -> bool:
+    """Whether a big window sums in two passes (``_separable_window_sum``): the lead spatial
+    dims shrink at least 4x, so the first pass's buffer is at most a quarter of the input."""
+    ins, outs = x.get_size()[-n:-1], size[-n:-1]
+    if n < 2 or not all(isinstance(s, sympy.Integer) for s in [*ins, *outs]):
+        return False
+    return 4 * math.prod(int(o) for o in outs) <= math.prod(int(i) for i in ins)
+
+
+def _separable_window_sum(x: TensorBox, n: int, kernel: list[int], position: Position,
+                          size: list[Expr], compute: torch.dtype, name: str) -> Callable[[Sequence[Expr]], Any]:
+    """A big window's sum in two passes, as separable filters run: first, at every position of
+    the last dim, the sums over the lead dims' windows (unrolled when small enough, else a
+    Reduction), into a buffer of the output's lead sizes by the input's last size; then the
+    sums over the last dim's window of that buffer (unrolled when small enough, else a
+    Reduction). The first pass reads whole contiguous rows instead of each window's short
+    masked ones and adds each input element once per window row instead of once per window
+    (8x64x128x128 -> 7x7, 20x20 windows: 1.55 ms in one pass with unrolled rows, 0.43 ms in
+    two by hand, 0.31 ms generated; see the issue note)."""
+    load, lead_kernel = x.make_loader(), kernel[:-1]
+
+    def lead_element(index: Sequence[Expr], ks: Sequence[Any]) -> Any:
+        outer, out, last = list(index[:-n]), list(index[-n:-1]), index[-1]
+        mask, pos = None, []
+        for dim, k in enumerate(ks):
+            p, m = position(dim, out[dim], k)
+            pos.append(p)
+            mask = _and(mask, m)
+        at = outer + pos + [last]
+        return load(at) if mask is None else ops.masked(mask, _bind(load, at), 0.0)
+
+    lead_size = list(size[:-1]) + [x.get_size()[-1]]
+    if math.prod(lead_kernel) <= MAX_UNROLL:
+        def lead_sum(index: Sequence[Expr]) -> Any:
+            total = ops.constant(0, compute)
+            for ks in itertools.product(*[range(k) for k in lead_kernel]):
+                total = ops.add(total, lead_element(index, ks))
+            return total
+
+        lead = _pointwise(x, compute, lead_sum, lead_size, name)
+    else:
+        lead = TensorBox.create(Reduction(x.get_device(), compute, lead_element, lead_size, origins=x.origins | {name},
+                                          src_dtype=compute, reduction_ranges=[sympy.Integer(k) for k in lead_kernel],
+                                          reduction_type="sum"))
+    lead.realize()
+    partial = lead.make_loader()
+
+    def last_element(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+        p, mask = position(n - 1, index[-1], rindex[0])
+        at = list(index[:-1]) + [p]
+        return partial(at) if mask is None else ops.masked(mask, _bind(partial, at), 0.0)
+
+    if kernel[-1] <= MAX_UNROLL:
+        def last_sum(index: Sequence[Expr]) -> Any:
+            total = ops.constant(0, compute)
+            for k in range(kernel[-1]):
+                total = ops.add(total, last_element(index, [k]))
+            return total
+
+        return last_sum
+    node = TensorBox.create(Reduction(x.get_device(), compute, last_element, list(size), origins=x.origins | {name},
+                                      src_dtype=compute, reduction_ranges=[sympy.Integer(kernel[-1])],
+                                      reduction_type="sum"))
     node.realize()
     return node.make_loader()
 
@@ -508,7 +577,8 @@ def _adaptive_avg_pool(x: TensorBox, output_size: Any, n: int, name: str) -> Ten
         raise Unsupported(f"{name} of {x.get_dtype()}")
     ad, size = _adaptive(x, output_size, n, name, pad_last=True)
     compute = _compute_dtype(x.get_dtype())
-    total = _window_sum(x, n, ad.reach, ad.position, size, compute, name)
+    # a one-pass Reduction runs over whole vectors past the window (reach); two passes unroll it
+    total = _window_sum(x, n, ad.kernel if _separates(x, n, size) else ad.reach, ad.position, size, compute, name)
 
     def inner_fn(index: Sequence[Expr]) -> Any:
         return _divide_by_extents(total(index), ad, list(index[-n:]), compute)
