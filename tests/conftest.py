@@ -100,14 +100,17 @@ def check_named(fns: dict[str, Callable[..., Any]], *args: Any, rtol: float | No
 
 def vectorization_report(source: "os.PathLike[str] | str", out_dir: "os.PathLike[str] | str") -> str:
     """Compile a C++ kernel source with the flags kernels use (an object file, no link) and
-    return the compiler's report of the loops it vectorized (``-fopt-info-vec-optimized``)."""
+    return the compiler's report of the loops it vectorized (``-fopt-info-vec-optimized``).
+    Identical functions stay apart (``-fno-ipa-icf``): folded into one, they report once
+    (``relu(abs(x))`` is ``abs(abs(x))``)."""
     import subprocess
     from pathlib import Path
 
     from minductor.runtime.cache import compiler_flags
 
     flags = [f for f in compiler_flags(config.cxx) if f not in ("-shared", "-fPIC")]
-    proc = subprocess.run([config.cxx, *flags, "-c", str(source), "-o", str(Path(out_dir) / "k.o"), "-fopt-info-vec-optimized"],
+    proc = subprocess.run([config.cxx, *flags, "-c", str(source), "-o", str(Path(out_dir) / "k.o"), "-fopt-info-vec-optimized",
+                           "-fno-ipa-icf"],
                           capture_output=True, text=True, check=True)
     return proc.stderr
 

@@ -72,3 +72,15 @@ def test_second_call_compiles_nothing() -> None:
     counts = (metrics.graphs_compiled, metrics.generated_kernel_count)
     torch.testing.assert_close(fn(x + 1), ((x + 1).cos() * 3).tanh())
     assert (metrics.graphs_compiled, metrics.generated_kernel_count) == counts
+
+
+@pytest.mark.parametrize("n, kernels", [(8, 1), (256, 2)])
+def test_big_loops_under_a_full_reduction_stay_apart(n: int, kernels: int) -> None:
+    """A full reduction shares no outer loop: a big pointwise sibling fused into its kernel
+    would be a second pass run on one thread, so it gets a kernel of its own; small ones and a
+    second reduction of the same nest still fuse."""
+    x = torch.randn(n, n)
+    assert kernels_after_first_call(lambda x: (x.relu() * 2, x.sum()), x) == kernels
+    torch._dynamo.reset()
+    metrics.reset()
+    assert kernels_after_first_call(lambda x: (x.sum(), x.amax()), x) == 1

@@ -57,3 +57,25 @@ def test_few_rows_keep_column_tiles(tmp_path) -> None:
     got, code = compiled(lambda t: t.sum(0), x, tmp_path=tmp_path)
     torch.testing.assert_close(got, x.sum(0))
     assert "_partial[" not in code
+
+
+# full reductions: the threads split the elements (or the first of several reduced dims),
+# then any scalar epilogue (a mean's division) runs after the partials combine
+FULL = {
+    "mean": (lambda x: x.mean(), (300, 301), "ri0 = mi_base + mi_lane"),
+    "mean_of_pool": (lambda x: torch.nn.functional.max_pool2d(x.relu(), 2).mean(), (4, 16, 64, 64), "ri0 = mi_begin"),
+    "std": (lambda x: x.std(), (257, 255), None),
+    "amax_div": (lambda x: x.amax() / 2, (300, 301), None),
+}
+
+
+@pytest.mark.parametrize("case", list(FULL))
+def test_full_reduction_with_epilogue_runs_on_all_threads(case: str, tmp_path) -> None:
+    fn, shape, chunked = FULL[case]
+    x = torch.randn(*shape)
+    got, code = compiled(fn, x, tmp_path=tmp_path)
+    torch.testing.assert_close(got, fn(x.double()).float(), rtol=1e-5, atol=1e-5)
+    assert code.count("#pragma omp parallel num_threads(mi_nt)") == 1, code
+    assert "_partial[mi_tid]" in code, code
+    if chunked:
+        assert chunked in code, code

@@ -139,3 +139,30 @@ def test_row_reduction_prefetches_the_row_its_later_loop_writes(tmp_path: Path) 
     first_loop = source.split("_loop1(")[0]
     prefetches = re.findall(r"__builtin_prefetch\(&out_ptr0\[(.*?)\], 1, 3\);", first_loop)
     assert prefetches == ["mi_base + 2048L*xo0", "16 + mi_base + 2048L*xo0"], source
+
+
+def test_relu_then_max_pool_indices_vectorize(tmp_path: Path) -> None:
+    """A relu'd 2x2 max pool that stores only its int64 indices (a training forward: the values
+    are not needed): with relu as a select of its input or 0, GCC 12 left this loop scalar
+    (5.4 ms against 0.1 ms for 8x16x128x128); every data loop vectorizes."""
+    fn = lambda x: torch.nn.functional.max_pool2d(x.relu(), 2, return_indices=True)[1]  # noqa: E731
+    x = torch.randn(2, 3, 16, 64)
+    x[0, 0, 0, :8] = float("nan")
+    with config.patch(debug=True, debug_dir=str(tmp_path / "dump")):
+        torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x), rtol=0, atol=0)
+    (path,) = (tmp_path / "dump").glob("graph_*/cpp_fused_*.cpp")
+    report = vectorization_report(path, tmp_path)
+    done = {int(m) for m in re.findall(rf"{path.name}:(\d+):\d+: optimized: loop vectorized", report)}
+    loops = _simd_loops(path.read_text())
+    assert loops and all(any(a <= n <= b for n in done) for a, b in loops), report
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_relu_keeps_nan_and_negative_zero(dtype: torch.dtype) -> None:
+    """relu as a bit mask: NaN and -0 pass (as eager's), negatives and -inf become +0, bit for bit."""
+    x = torch.tensor([float("nan"), -float("nan"), -0.0, 0.0, -float("inf"), float("inf"), -1.5, 2.5, 1e-45, -1e-45],
+                     dtype=dtype).repeat(7)
+    out = torch.compile(lambda t: t.relu() * 1, backend="minductor")(x)
+    ref = x.relu() * 1
+    width = torch.int32 if dtype == torch.float32 else torch.int64
+    assert torch.equal(out.view(width), ref.view(width)), (out, ref)

@@ -37,7 +37,7 @@ from minductor.codegen.cpp_rewrites import (
     prefetch_next_rows,
     prefetch_row_stores,
 )
-from minductor.codegen.cpp_split_rows import THREADS_LINE, emit_split_rows, splits_rows
+from minductor.codegen.cpp_split_rows import emit_full_reduction, emit_split_rows, full_reduction_first, splits_rows
 from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
 from minductor.codegen.cpp_unit import ARGS_PLACEHOLDER, render_unit
 from minductor.codegen.loop_shapes import (
@@ -328,14 +328,14 @@ class CppKernel:
         code.writeline(f"// Source nodes: {', '.join(self.group.names())}")
         for n in self.group.nodes:
             code.writeline(f"//   {n.node.name}: {type(n.node.data).__name__} {', '.join(sorted(n.node.origins))}")
-        only_reductions = len(loops) == 1 and all(n.is_reduction() for n in loops[0].nodes)
         self.tile_var = self._outer_lane_var(merged_outer)
         if self.tile_var is not None:
             other = math.prod(V.graph.sizevars.hint(size) for size in merged_outer.sizes[:-1])
             width = planning_size(merged_outer.sizes[-1], OUTER_LANE_WIDTHS[0] * torch.get_num_threads())
             self.outer_lanes = outer_lane_width(width, torch.get_num_threads(), other)
-        if n_outer == 0 and only_reductions and parallel:
-            self.emit_parallel_reduction(code, loops[0])
+        if n_outer == 0 and parallel and full_reduction_first(loops):
+            self.local = {b: f"mi_local{i}" for i, b in enumerate(register_results(self.group, self.internal))}
+            emit_full_reduction(self, code, loops)
         elif splits_rows(self, merged_outer, loops, parallel):
             emit_split_rows(self, code, merged_outer, loops)
         else:
@@ -465,7 +465,7 @@ class CppKernel:
         Reductions accumulate into ``LANES`` independent lanes over the innermost reduction
         variable, combined after the loop: every combine (NaN-propagating max, welford,
         argmax) vectorizes that way and the order is fixed, so results are deterministic.
-        With ``thread_chunk`` the innermost reduction range is split across OpenMP threads.
+        With ``thread_chunk`` the first reduction range is split across OpenMP threads.
         """
         self.body, self.prefix, self.suffix = CodeBuffer(), CodeBuffer(), CodeBuffer()
         self.body_stores = []
@@ -663,15 +663,15 @@ class CppKernel:
         if tail is not None:
             for acc, acc_type, init, _ in self.accumulators:
                 code.writeline(f"{acc_type} {acc}_tail = {init};")
-        for var, size in outer_dims:
-            code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
+        # a thread's chunk: of the first of several reduced dims, else of the lanes' own dim
+        self.chunked = (outer_dims[0][1], 1) if outer_dims else (last[1], self.lanes)
+        for i, (var, size) in enumerate(outer_dims):
+            lo, hi = ("mi_begin", "mi_end") if thread_chunk and i == 0 else ("0", cpp_index(size))
+            code.writeline(f"for (int64_t {var} = {lo}; {var} < {hi}; {var}++)")
             code.writeline("{")
             code._indent += 1
         var, size = last
-        if thread_chunk:
-            begin, end = "mi_begin", "mi_end"
-        else:
-            begin, end = "0", cpp_index(size)
+        begin, end = ("mi_begin", "mi_end") if thread_chunk and not outer_dims else ("0", cpp_index(size))
         lanes = self.lanes
         code.writeline(f"const int64_t mi_main = {begin} + (({end} - {begin}) / {lanes}) * {lanes};")
         code.writeline(f"for (int64_t mi_base = {begin}; mi_base < mi_main; mi_base += {lanes})")
@@ -742,33 +742,6 @@ class CppKernel:
 
     def _tmp_counter(self) -> int:
         return getattr(self, "_tmp_counter_value", 0)
-
-    def emit_parallel_reduction(self, code: CodeBuffer, loop: Loop) -> None:
-        """A full reduction: each thread reduces a chunk, partials combine in thread order."""
-        block = CodeBuffer()
-        block._indent = 2
-        self.emit_loop(block, MergedDims([], [], {}), loop, thread_chunk=True)
-        numel = cpp_index(self.last_red_size)
-        accs = self.accumulators
-        code.writeline("{")
-        with code.indent(open_brace=False):
-            code.writeline(THREADS_LINE)
-            for name, acc_type, init, _ in accs:
-                code.writeline(f"{acc_type} {name}_partial[MI_MAX_THREADS];")
-                code.writeline(f"for (int t = 0; t < mi_nt; t++) {name}_partial[t] = {init};")
-            code.writeline("#pragma omp parallel num_threads(mi_nt)")
-            code.writeline("{")
-            with code.indent(open_brace=False):
-                code.writeline("const int64_t mi_tid = omp_get_thread_num(), mi_nthr = omp_get_num_threads();")
-                lanes = self.lanes
-                code.writeline(f"const int64_t mi_chunk = (({numel} + mi_nthr - 1) / mi_nthr + {lanes - 1}) / {lanes} * {lanes};")
-                code.writeline(f"const int64_t mi_begin = mi_min_i64({numel}, mi_tid * mi_chunk);")
-                code.writeline(f"const int64_t mi_end = mi_min_i64({numel}, mi_begin + mi_chunk);")
-                code.lines.extend(block.lines)
-            code.writeline("}")
-            self.combine_partials(code, lambda acc, t: f"{acc}_partial[{t}]")
-            code.splice(self.suffix)
-        code.writeline("}")
 
     def combine_partials(self, code: CodeBuffer, partial: Callable[[str, str], str]) -> None:
         """Each accumulator from its per-thread partials (``partial(acc, thread)``), combined

@@ -1,16 +1,21 @@
-"""Outer-lane reductions (``x.sum(0)``) whose reduced range is split across the threads.
+"""Reductions whose reduced range is split across the threads: outer-lane reductions
+(``x.sum(0)``) and full reductions (``x.sum()``).
 
-Each thread reduces a contiguous chunk of the rows into per-thread partials of every column,
-which then combine in thread order (deterministic results); any per-column epilogue follows.
-The kernel's ``emit_loop`` does the per-tile work (``kernel.split_rows`` tells it to take
-the thread's chunk of rows).
+Each thread reduces a contiguous chunk (of the rows, into per-thread partials of every
+column; or of all elements) into per-thread partials, which then combine in thread order
+(deterministic results); any epilogue follows (a per-column one, or the scalar division of a
+``mean``). The kernel's ``emit_loop`` does the per-thread work (``kernel.split_rows`` or its
+``thread_chunk`` argument tells it to take the thread's chunk).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from minductor.codegen.common import CodeBuffer, cpp_index
-from minductor.codegen.loop_shapes import SPLIT_ROWS_MIN, SPLIT_ROWS_TILE, Loop, MergedDims, planning_size
+import sympy
+
+from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index
+from minductor.codegen.loop_shapes import PARALLEL_THRESHOLD, SPLIT_ROWS_MIN, SPLIT_ROWS_TILE, Loop, MergedDims, planning_size
+from minductor.virtualized import V
 
 # the threads a kernel that keeps per-thread partials runs on
 THREADS_LINE = "const int mi_nt = omp_get_max_threads() < MI_MAX_THREADS ? omp_get_max_threads() : MI_MAX_THREADS;"
@@ -72,3 +77,47 @@ def emit_split_rows(kernel: Any, code: CodeBuffer, outer: MergedDims, loops: lis
                 for epilogue in epilogues:
                     kernel.emit_loop(code, outer, epilogue)
     code.writeline("}")
+
+
+def full_reduction_first(loops: list[Loop]) -> bool:
+    """Whether a kernel with no outer loop is a full reduction followed by small epilogues
+    only (``x.mean()``: the sum, then its division), which run on one thread after it."""
+    first, *rest = loops
+    if not all(n.is_reduction() for n in first.nodes):
+        return False
+    return all(not lp.red and planning_size(sympy.Mul(*lp.pw_inner), PARALLEL_THRESHOLD) < PARALLEL_THRESHOLD
+               for lp in rest)
+
+
+def emit_full_reduction(kernel: Any, code: CodeBuffer, loops: list[Loop]) -> None:
+    """Each thread reduces a chunk of all elements; the partials combine in thread order, then
+    the stores and any epilogue run (results kept in ``kernel.local`` are declared first)."""
+    loop, *epilogues = loops
+    none = MergedDims([], [], {})
+    block = CodeBuffer()
+    block._indent = code._indent + 2  # inside the block and the parallel region below
+    kernel.emit_loop(block, none, loop, thread_chunk=True)
+    size, align = kernel.chunked
+    numel = cpp_index(size)
+    for b, v in kernel.local.items():
+        code.writeline(f"{CPP_STORAGE_TYPES[V.graph.get_dtype(b)]} {v}[1];  // {b}, kept in a local")
+    code.writeline("{")
+    with code.indent(open_brace=False):
+        code.writeline(THREADS_LINE)
+        for name, acc_type, init, _ in kernel.accumulators:
+            code.writeline(f"{acc_type} {name}_partial[MI_MAX_THREADS];")
+            code.writeline(f"for (int t = 0; t < mi_nt; t++) {name}_partial[t] = {init};")
+        code.writeline("#pragma omp parallel num_threads(mi_nt)")
+        code.writeline("{")
+        with code.indent(open_brace=False):
+            code.writeline("const int64_t mi_tid = omp_get_thread_num(), mi_nthr = omp_get_num_threads();")
+            code.writeline(f"const int64_t mi_chunk = (({numel} + mi_nthr - 1) / mi_nthr + {align - 1}) / {align} * {align};")
+            code.writeline(f"const int64_t mi_begin = mi_min_i64({numel}, mi_tid * mi_chunk);")
+            code.writeline(f"const int64_t mi_end = mi_min_i64({numel}, mi_begin + mi_chunk);")
+            code.lines.extend(block.lines)
+        code.writeline("}")
+        kernel.combine_partials(code, lambda acc, t: f"{acc}_partial[{t}]")
+        code.splice(kernel.suffix)
+    code.writeline("}")
+    for epilogue in epilogues:
+        kernel.emit_loop(code, none, epilogue)

@@ -14,13 +14,11 @@ from minductor.codegen.common import cpp_index
 from minductor.ir.indexing import FloorDiv, ModularIndexing, affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.runtime.cache import avx512_enabled
 from minductor.scheduler.deps import MemoryDep, StarDep
-from minductor.scheduler.nodes import FusedGroup, SchedulerNode
+from minductor.scheduler.nodes import PARALLEL_THRESHOLD, FusedGroup, SchedulerNode
 from minductor.virtualized import V
 
 Expr = sympy.Expr
 
-# below this many element-iterations a kernel runs on one thread
-PARALLEL_THRESHOLD = 32768
 # independent accumulators per reduction: at least one AVX2 vector of float, and up to
 # MAX_LANES on long rows, where more independent add chains keep up with memory
 LANES = 8

@@ -7,7 +7,7 @@ import sympy
 
 from minductor.ir.indexing import affine_coeffs, make_vars, value_range
 from minductor.scheduler.deps import MemoryDep
-from minductor.scheduler.nodes import FusedGroup, SchedulerNode
+from minductor.scheduler.nodes import PARALLEL_THRESHOLD, FusedGroup, SchedulerNode
 
 Expr = sympy.Expr
 
@@ -96,6 +96,8 @@ def can_fuse(a: FusedGroup, b: FusedGroup, nodes_between: bool) -> bool:
     if outer is None:
         return False
     n_outer = len(outer)
+    if n_outer == 0 and len(_big_nests(a.nodes + b.nodes)) > 1:
+        return False
     if any(len(n.pw_ranges) < n_outer for n in a.nodes + b.nodes):
         return False
     if any(n.is_reduction() and len(n.pw_ranges) != n_outer for n in a.nodes + b.nodes):
@@ -111,6 +113,20 @@ def can_fuse(a: FusedGroup, b: FusedGroup, nodes_between: bool) -> bool:
             if not read_within_iteration(wdep, wnode, dep, rnode, n_outer):
                 return False
     return True
+
+
+def _big_nests(nodes: Sequence[SchedulerNode]) -> set[tuple[tuple[Expr, ...], tuple[Expr, ...]]]:
+    """The distinct loop nests (pointwise and reduction ranges) of ``nodes`` big enough for
+    all threads (or of symbolic size). Under no shared outer loop (a full reduction's group)
+    each nest is a pass of its own over its data: fusing two big ones saves no memory traffic
+    and leaves the second on one thread, since the kernel's threads go to its full
+    reduction (a conv's relu saved for backward and the mean over its max pool: 22 ms fused)."""
+    nests = set()
+    for n in nodes:
+        work = sympy.Mul(*n.pw_ranges, *n.red_ranges)
+        if not work.is_number or int(work) >= PARALLEL_THRESHOLD:
+            nests.add((tuple(n.pw_ranges), tuple(n.red_ranges)))
+    return nests
 
 
 def scan_siblings(a: FusedGroup, b: FusedGroup) -> bool:

@@ -13,6 +13,10 @@ from minductor.scheduler.deps import ReadWrites, StarDep, extract_read_writes
 
 Expr = sympy.Expr
 
+# below this many element-iterations a kernel runs on one thread (the C++ code generator's
+# rule; fusion keeps loop nests this big apart when they would share no outer loop)
+PARALLEL_THRESHOLD = 32768
+
 
 class BaseSchedulerNode:
     """A unit the wrapper calls: a generated kernel group or an extern call."""
