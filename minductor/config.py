@@ -72,6 +72,11 @@ reuse_buffers_across_calls: bool = _env_bool("MINDUCTOR_REUSE_BUFFERS", True)
 # Smallest buffer the pool keeps (smaller ones come from malloc's free lists without faults).
 pool_min_bytes: int = _env_int("MINDUCTOR_POOL_MIN_BYTES", 256 * 1024)
 
+# A fresh CPU buffer of at least this many bytes that the pool does not keep (a training step's
+# outputs) asks for transparent huge pages before its first write: one page fault per 2 MB
+# instead of per 4 KB (see runtime/huge_pages.py). 0 turns it off.
+huge_page_min_bytes: int = _env_int("MINDUCTOR_HUGE_PAGE_MIN_BYTES", 4 << 20)
+
 # C++ kernels store a float32 output of at least this many bytes with non-temporal (streaming)
 # stores, 64-byte lines that skip the read-for-ownership an ordinary store pays and do not
 # displace the inputs from cache (x + y at 4096^2 on a Xeon: 7.0 -> 3.8 ms; at 4 MB a consumer

@@ -356,7 +356,13 @@ def plan_memory(graph: Any, units: list[Any], last_use: dict[str, int], outputs:
 
 
 def _alloc_line(buf: Buffer) -> str:
+    """A fresh allocation; a large CPU one (or one of symbolic size: decided per call) on huge
+    pages (``runtime/huge_pages.py``)."""
     lay = buf.layout
+    nbytes = sympy.expand(lay.storage_numel() * lay.dtype.itemsize)
+    if lay.device.type == "cpu" and config.huge_page_min_bytes > 0 and \
+            (not nbytes.is_number or int(nbytes) >= config.huge_page_min_bytes):
+        return f"{buf.name} = empty_huge({py_shape(lay.size)}, {py_shape(lay.stride)}, {lay.dtype}, {py_index(nbytes)})"
     return (
         f"{buf.name} = empty_strided({py_shape(lay.size)}, {py_shape(lay.stride)}, "
         f"device={str(lay.device)!r}, dtype={lay.dtype})"

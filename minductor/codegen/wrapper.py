@@ -291,6 +291,8 @@ def _render_module(body: CodeBuffer, kernels: list[KernelCode], constants: list[
     out.writeline("empty_strided = torch.empty_strided")
     if any("autotune_launch(" in k.call for k in kernels if k.backend == "triton"):
         out.writeline("from minductor.runtime.triton_autotune import autotune_launch")
+    if "empty_huge(" in body.getvalue():
+        out.writeline("from minductor.runtime.huge_pages import empty_huge")
     if pool_slots:
         out.writeline("from minductor.runtime.buffer_pool import BufferPool")
         out.writeline(f"mi_pool = BufferPool({pool_slots})  # large buffers kept across calls")

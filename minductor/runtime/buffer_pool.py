@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from minductor import config
+from minductor.runtime.huge_pages import empty_huge
 
 _use_count = torch._C._storage_Use_Count
 KEEP = 2
@@ -46,7 +47,7 @@ class BufferPool:
                 # 1: only the pool holds it; the size check catches a storage resized by its user
                 if _use_count(storage._cdata) == 1 and storage.nbytes() == nbytes:
                     return torch.empty(0, dtype=dtype).set_(storage, 0, size, stride)
-            tensor = torch.empty_strided(size, stride, dtype=dtype)
+            tensor = empty_huge(size, stride, dtype, nbytes)
             if len(kept) >= KEEP:
                 kept.pop(0)
             kept.append(tensor.untyped_storage())
