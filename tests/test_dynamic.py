@@ -368,3 +368,33 @@ def test_select_along_a_symbolic_dim(fn) -> None:
         x = torch.randn(shape)
         torch.testing.assert_close(compiled(x), fn(x))
     assert metrics.graphs_compiled == 1
+
+
+ROW_KERNELS = {
+    "layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],)),
+    "softmax": lambda x: x.softmax(-1),
+    "var_mean": lambda x: torch.var_mean(x, -1),
+    "argmax_sum": lambda x: (x.argmax(-1), x.sum(-1)),
+}
+
+
+@pytest.mark.parametrize("name", list(ROW_KERNELS))
+def test_symbolic_rows_take_wide_lanes_when_long(name: str, tmp_path) -> None:
+    """A row of symbolic length has two main loops, the wide lanes a static row of 1024 or more
+    would get (128 for Welford on AVX-512, else 32) and the narrow ones, chosen per row at run
+    time; results match eager on both sides of the threshold, at odd lengths, from one graph."""
+    from minductor import config
+
+    fn = ROW_KERNELS[name]
+    with config.patch(debug=True, debug_dir=str(tmp_path)), torch.no_grad():
+        compiled = torch.compile(fn, backend="minductor", dynamic=True)
+        for rows, n in [(3, 8), (5, 1023), (4, 1024), (3, 4099), (2, 300)]:
+            x = torch.randn(rows, n)
+            x[0, n // 3] = 50.0  # a clear argmax
+            got, want = compiled(x), fn(x)
+            for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    assert metrics.graphs_compiled == 1
+    code = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_*.cpp"))
+    assert re.search(r"const int64_t mi_wl = \w+ >= 1024 \? (32|128) : 16;", code), code
+    assert re.search(r"if \(mi_wl == (32|128)\)", code) and "mi_base += 16)" in code, code

@@ -43,6 +43,7 @@ from minductor.codegen.cpp_unit import ARGS_PLACEHOLDER, render_unit
 from minductor.codegen.loop_shapes import (
     OUTER_LANE_WIDTHS,
     ROW_GROUP,
+    WIDE_ROW,
     Loop,
     MergedDims,
     in_store_order,
@@ -57,6 +58,7 @@ from minductor.codegen.loop_shapes import (
     planning_size,
     split_and_merge_dims,
     vectorizes_outside,
+    wide_lanes,
 )
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.scheduler.deps import MemoryDep
@@ -271,13 +273,15 @@ class CppKernel:
                 # element; mean and m2 live in separate arrays (structure of arrays) so the lane
                 # loop vectorizes without shuffles, and become MiWelford lanes after the loop
                 self.prefix.writeline(f"{ctype} {acc}_mean[{lanes}], {acc}_m2[{lanes}];")
-                self.prefix.writeline(f"for (int mi_l = 0; mi_l < {lanes}; mi_l++) {{ {acc}_mean[mi_l] = 0; {acc}_m2[mi_l] = 0; }}")
+                used = "mi_wl" if self.wide_lanes else lanes
+                self.prefix.writeline(f"for (int mi_l = 0; mi_l < {used}; mi_l++) {{ {acc}_mean[mi_l] = 0; {acc}_m2[mi_l] = 0; }}")
                 self.body.writeline(f"mi_welford_soa_update<{ctype}>({acc}_mean[mi_lane], {acc}_m2[mi_lane], "
                                     f"static_cast<{ctype}>({value}), static_cast<{ctype}>(mi_rw));")
                 self.welford_accs.append((acc, ctype))
             else:
                 self.prefix.writeline(f"{acc_type} {acc}_lanes[{lanes}];")
-                self.prefix.writeline(f"for (int mi_l = 0; mi_l < {lanes}; mi_l++) {acc}_lanes[mi_l] = {init};")
+                used = "mi_wl" if self.wide_lanes else lanes
+                self.prefix.writeline(f"for (int mi_l = 0; mi_l < {used}; mi_l++) {acc}_lanes[mi_l] = {init};")
                 self.body.writeline(f"{lane} = {update};")
             self.accumulators.append((acc, acc_type, init, combine))
         if rtype == "welford_reduce":
@@ -493,6 +497,11 @@ class CppKernel:
         self.last_red_size = merged_red.sizes[-1] if merged_red.sizes else sympy.Integer(1)
         welford = any(n.is_reduction() and n.node.data.reduction_type == "welford_reduce" for n in loop.nodes)
         self.lanes, self.lane_slots = inner_lanes(self.last_red_size, thread_chunk, welford)
+        self.wide_lanes = wide_lanes(self.last_red_size, self.lanes, thread_chunk, welford) if self.tile_var is None else 0
+        if self.wide_lanes:  # the lanes of this row, chosen at run time; the arrays hold the most
+            self.lane_slots = self.wide_lanes
+            self.prefix.writeline(f"const int64_t mi_wl = {cpp_index(self.last_red_size)} >= {WIDE_ROW} ? "
+                                  f"{self.wide_lanes} : {self.lanes};")
         self.welford_rw = len(merged_red.variables) == 1 and self.tile_var is None
         self.welford_accs: list[tuple[str, str]] = []  # (accumulator, compute type) kept as arrays
         innermost = ([self.tile_var] if self.tile_var is not None else merged_red.variables or merged_pw.variables
@@ -516,7 +525,8 @@ class CppKernel:
             self._emit_pointwise_nest(code, merged_pw)
         inner = merged_red if merged_red.variables else merged_pw
         self.loop_shape = (LoopShape(inner.variables[0], inner.sizes[0], self.lanes if merged_red.variables else 0,
-                                     self.body_stores, self.body_loads) if len(inner.variables) == 1 and self.tile_var is None else None)
+                                     self.body_stores, self.body_loads, self.wide_lanes if merged_red.variables else 0)
+                           if len(inner.variables) == 1 and self.tile_var is None else None)
         if thread_chunk and self.tile_var is None:
             for acc, _, _, _ in self.accumulators:
                 code.writeline(f"{acc}_partial[mi_tid] = {acc};")
@@ -672,19 +682,28 @@ class CppKernel:
             code._indent += 1
         var, size = last
         begin, end = ("mi_begin", "mi_end") if thread_chunk and not outer_dims else ("0", cpp_index(size))
-        lanes = self.lanes
+        wide = self.wide_lanes
+        lanes = "mi_wl" if wide else self.lanes
         code.writeline(f"const int64_t mi_main = {begin} + (({end} - {begin}) / {lanes}) * {lanes};")
-        code.writeline(f"for (int64_t mi_base = {begin}; mi_base < mi_main; mi_base += {lanes})")
-        code.writeline("{")
-        with code.indent(open_brace=False):
-            if self.welford_accs:
-                code.writeline(f"const double mi_rw = 1.0 / static_cast<double>((mi_base - {begin}) / {lanes} + 1);")
-            code.writeline("#pragma omp simd")
-            code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {lanes}; mi_lane++)")
-            with code.indent():
-                code.writeline(f"const int64_t {var} = mi_base + mi_lane;")
-                code.splice(self.body)
-        code.writeline("}")
+        for i, width in enumerate([wide, self.lanes] if wide else [self.lanes]):
+            if wide:
+                code.writeline(f"{'else' if i else f'if (mi_wl == {wide})'}")
+                code.writeline("{")
+                code._indent += 1
+            code.writeline(f"for (int64_t mi_base = {begin}; mi_base < mi_main; mi_base += {width})")
+            code.writeline("{")
+            with code.indent(open_brace=False):
+                if self.welford_accs:
+                    code.writeline(f"const double mi_rw = 1.0 / static_cast<double>((mi_base - {begin}) / {width} + 1);")
+                code.writeline("#pragma omp simd")
+                code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {width}; mi_lane++)")
+                with code.indent():
+                    code.writeline(f"const int64_t {var} = mi_base + mi_lane;")
+                    code.splice(self.body)
+            code.writeline("}")
+            if wide:
+                code._indent -= 1
+                code.writeline("}")
         welford = {acc for acc, _ in self.welford_accs}
         for acc, ctype in self.welford_accs:
             # every lane has seen the same count w: their combination has the mean of the lane
@@ -723,7 +742,7 @@ class CppKernel:
             # a pairwise tree (halving, each level one vector op): a chain of lanes - 1 dependent
             # combines cost ~5% of a 4096-wide row sum
             pair = combine.format(a=f"{acc}_lanes[mi_l]", b=f"{acc}_lanes[mi_l + mi_w]")
-            code.writeline(f"for (int mi_w = {self.lane_slots} / 2; mi_w > 0; mi_w /= 2)")
+            code.writeline(f"for (int mi_w = {'mi_wl' if wide else self.lane_slots} / 2; mi_w > 0; mi_w /= 2)")
             with code.indent():
                 code.writeline("#pragma omp simd")
                 code.writeline(f"for (int mi_l = 0; mi_l < mi_w; mi_l++) {acc}_lanes[mi_l] = {pair};")

@@ -116,13 +116,19 @@ def hoist_inner_invariants(kernel: Any, code: CodeBuffer, start: int, inner: str
 @dataclasses.dataclass
 class LoopShape:
     """A loop block's single innermost variable: its range, its lanes (0 for a pointwise
-    loop) and the stores and loads of its body (pointer, index, dtype)."""
+    loop), the stores and loads of its body (pointer, index, dtype), and the lanes of its
+    second main loop, taken at run time on long symbolic rows (0: none)."""
 
     var: sympy.Symbol
     size: Expr
     lanes: int
     stores: list[tuple[str, Expr, torch.dtype]]
     loads: list[tuple[str, Expr, torch.dtype]] = dataclasses.field(default_factory=list)
+    wide: int = 0
+
+    def steps(self) -> list[int]:
+        """The lanes of each main loop."""
+        return [self.lanes, self.wide] if self.wide else [self.lanes]
 
 
 def prefetch_row_stores(first: CodeBuffer, shape: LoopShape | None, later: list[LoopShape | None],
@@ -135,20 +141,21 @@ def prefetch_row_stores(first: CodeBuffer, shape: LoopShape | None, later: list[
     if shape is None or not shape.lanes:
         return
     mi_base = index_symbol("mi_base")
-    lines: list[str] = []
-    for loop in later:
-        if loop is None or loop.lanes or loop.size != shape.size:
-            continue
-        for arg, index, dtype in loop.stores:
-            coeffs = affine_coeffs(index, [loop.var])
-            if coeffs is None or coeffs[loop.var] != 1 or shape.lanes * dtype.itemsize < 64:
+    for step in shape.steps():
+        lines: list[str] = []
+        for loop in later:
+            if loop is None or loop.lanes or loop.size != shape.size:
                 continue
-            for k in range(0, shape.lanes, 64 // dtype.itemsize):  # a prefetch per 64-byte line
-                at = cpp_index(simplify_index(sympy.expand(index.xreplace({loop.var: mi_base + k})), range_of))
-                line = f"__builtin_prefetch(&{arg}[{at}], 1, 3);"
-                if line not in lines:
-                    lines.append(line)
-    _insert_in_loop(first, f"for (int64_t mi_base = 0; mi_base < mi_main; mi_base += {shape.lanes})", lines)
+            for arg, index, dtype in loop.stores:
+                coeffs = affine_coeffs(index, [loop.var])
+                if coeffs is None or coeffs[loop.var] != 1 or step * dtype.itemsize < 64:
+                    continue
+                for k in range(0, step, 64 // dtype.itemsize):  # a prefetch per 64-byte line
+                    at = cpp_index(simplify_index(sympy.expand(index.xreplace({loop.var: mi_base + k})), range_of))
+                    line = f"__builtin_prefetch(&{arg}[{at}], 1, 3);"
+                    if line not in lines:
+                        lines.append(line)
+        _insert_in_loop(first, f"for (int64_t mi_base = 0; mi_base < mi_main; mi_base += {step})", lines)
 
 
 # per-element math that makes a loop compute-bound (``mi_rsqrt`` and ``mi_sqrt`` are left
@@ -177,22 +184,25 @@ def prefetch_next_rows(blocks: list[CodeBuffer], shapes: list[LoopShape | None],
     heavy = [(b, s) for b, s in later if any(_HEAVY_MATH.search(line) for line in b.lines)]
     streamed = [(b, s) for b, s in later if not s.lanes]
     for block, shape in heavy[:1] + streamed[-1:] + later:
-        if shape.lanes:
-            head, var, step = f"for (int64_t mi_base = 0; mi_base < mi_main; mi_base += {shape.lanes})", "mi_base", shape.lanes
-        else:
-            head, var, step = f"for (int64_t mi_line_at = mi_head; mi_line_at < mi_lines_end; mi_line_at += {LINE})", "mi_line_at", LINE
-        at = index_symbol(var)
-        lines: list[str] = []
-        for arg, index, dtype in first.loads:
-            coeffs = affine_coeffs(index, [first.var, outer])
-            if coeffs is None or coeffs[first.var] != 1 or coeffs[outer] == 0 or step * dtype.itemsize < 64:
-                continue
-            for k in range(0, step, 64 // dtype.itemsize):  # a prefetch per 64-byte line
-                nxt = index.xreplace({first.var: at + k, outer: outer + 1})
-                line = f"__builtin_prefetch(&{arg}[{cpp_index(simplify_index(sympy.expand(nxt), range_of))}], 0, 3);"
-                if line not in lines:
-                    lines.append(line)
-        if _insert_in_loop(block, head, lines):
+        inserted = False
+        for step in shape.steps() if shape.lanes else [LINE]:
+            if shape.lanes:
+                head, var = f"for (int64_t mi_base = 0; mi_base < mi_main; mi_base += {step})", "mi_base"
+            else:
+                head, var = f"for (int64_t mi_line_at = mi_head; mi_line_at < mi_lines_end; mi_line_at += {LINE})", "mi_line_at"
+            at = index_symbol(var)
+            lines: list[str] = []
+            for arg, index, dtype in first.loads:
+                coeffs = affine_coeffs(index, [first.var, outer])
+                if coeffs is None or coeffs[first.var] != 1 or coeffs[outer] == 0 or step * dtype.itemsize < 64:
+                    continue
+                for k in range(0, step, 64 // dtype.itemsize):  # a prefetch per 64-byte line
+                    nxt = index.xreplace({first.var: at + k, outer: outer + 1})
+                    line = f"__builtin_prefetch(&{arg}[{cpp_index(simplify_index(sympy.expand(nxt), range_of))}], 0, 3);"
+                    if line not in lines:
+                        lines.append(line)
+            inserted = _insert_in_loop(block, head, lines) or inserted
+        if inserted:
             return
 
 

@@ -29,6 +29,7 @@ MAX_LANES = 32
 # 3.6-3.7 ms, layer_norm(x + r) 5.6-7.0 -> 5.2-6.2 ms with 128 lanes (256 spill: 5.6-6.2 ms).
 # AVX2's 16 registers keep MAX_LANES.
 WELFORD_LANES = 128
+WIDE_ROW = 1024  # the least row that takes MAX_LANES or WELFORD_LANES
 # a reduced row at most this long is one vector loop with a lane per element
 SHORT_ROW = 64
 # outer-lane reductions over at least this many rows split the rows across threads, each
@@ -292,6 +293,18 @@ def joins(loop: Loop, node: SchedulerNode) -> bool:
     return True
 
 
+def wide_lanes(row: Expr, lanes: int, whole_range: bool, welford: bool) -> int:
+    """For a row of symbolic length: the lanes of a second main loop, taken at run time on rows
+    of at least WIDE_ROW, as a static row of that length would get them (0: none). The narrow
+    lanes a symbolic row keeps for short rows left layer_norm at 4096^2, compiled at 8x8, 1.51x
+    slower than the static graph's 128 Welford lanes, and softmax 1.27x (16 lanes against 32;
+    AMD EPYC)."""
+    if whole_range or row.is_number:
+        return 0
+    wide = WELFORD_LANES if welford and avx512_enabled(config.cxx) else MAX_LANES
+    return wide if wide > lanes else 0
+
+
 def inner_lanes(row: Expr, whole_range: bool = False, welford: bool = False) -> tuple[int, int]:
     """Accumulator lanes for a reduction over rows of ``row`` elements, and the slots of the
     lane arrays: more lanes hide the add latency on long rows (more yet for ``welford``, on
@@ -306,9 +319,9 @@ def inner_lanes(row: Expr, whole_range: bool = False, welford: bool = False) -> 
     # a symbolic row gets at least a vector of lanes: at a hint of 4, softmax at 4096^2 ran 1.6x
     # slower on 8 lanes; on rows of 8, 32 lanes ran 4x slower than 8, and 16 about 1.6x
     size = planning_size(row, 128)
-    if welford and size >= 1024 and avx512_enabled(config.cxx):
+    if welford and size >= WIDE_ROW and avx512_enabled(config.cxx):
         return WELFORD_LANES, WELFORD_LANES
-    lanes = MAX_LANES if size >= 1024 else 16 if size >= 128 else LANES  # 16: one AVX-512 vector
+    lanes = MAX_LANES if size >= WIDE_ROW else 16 if size >= 128 else LANES  # 16: one AVX-512 vector
     return lanes, lanes
 
 
