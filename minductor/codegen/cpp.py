@@ -28,7 +28,7 @@ from minductor.codegen.cpp_stream import (
     pick_stream_store,
     streamable_buffer,
 )
-from minductor.codegen.cpp_rows import declare_rows, fold_into_reductions, free_rows, register_results, row_offset
+from minductor.codegen.cpp_rows import declare_rows, exact_rows, fold_into_reductions, free_rows, register_results, row_offset
 from minductor.codegen.cpp_rewrites import (
     LoopShape,
     hoist_inner_invariants,
@@ -346,7 +346,7 @@ class CppKernel:
             if self.tile_var is None and len(loops) > 1:
                 self.local = {b: f"mi_local{i}" for i, b in enumerate(register_results(self.group, self.internal))}
                 self.rows = {b: (f"mi_row{i}", numel) for i, (b, numel) in enumerate(self.row_candidates.items())}
-                loops = fold_into_reductions(loops, self.rows)
+                loops = fold_into_reductions(loops, exact_rows(self.group, self.rows))
             self.emit_outer(code, merged_outer, loops, parallel)
         return self.render(code)
 

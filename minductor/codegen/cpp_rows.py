@@ -23,6 +23,7 @@ went from 9.1-9.5 to 4.7-5.4 ms in ``python -m minductor.bench softmax``.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import sympy
 import torch
@@ -32,6 +33,7 @@ from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index
 from minductor.codegen.loop_shapes import Loop, inner_vars, reads_only_at
 from minductor.ir.indexing import make_vars
 from minductor.scheduler.deps import MemoryDep
+from minductor.scheduler.fusion import read_within_iteration
 from minductor.scheduler.nodes import FusedGroup
 from minductor.sizevars import size_symbols
 from minductor.virtualized import V
@@ -56,8 +58,8 @@ def row_scratch_buffers(group: FusedGroup, internal: Iterable[str]) -> dict[str,
     A pointwise node's output qualifies when nothing outside the group reads it
     (``internal``), its elements per outer iteration are at most ``ROW_SCRATCH_MAX_BYTES``
     (a symbolic count: at the size hints; the kernel takes longer rows on the heap), it is
-    stored at ``outer part + dense row offset``, and every read of it is a later node's, at
-    exactly the element the same iteration stored."""
+    stored at ``outer part + dense row offset``, and every read of it is a later node's,
+    within the row the same iteration stored."""
     n_outer = len(group.outer)
     internal = set(internal)
     found: dict[str, int | sympy.Expr] = {}
@@ -82,9 +84,39 @@ def row_scratch_buffers(group: FusedGroup, internal: Iterable[str]) -> dict[str,
         if sympy.expand(index.xreplace(outer_zero) - offset) != 0 \
                 or (sympy.expand(index - offset).free_symbols & {v for v, _ in inner}):
             continue
-        if reads_only_at(group, name, index, inner, n_outer, range(pos + 1, len(group.nodes))):
+        if _reads_within_row(group, writes[0], node, pos, n_outer):
             found[name] = int(numel) if numel.is_Integer else numel
     return found
+
+
+def _reads_within_row(group: FusedGroup, write: MemoryDep, writer: Any, pos: int, n_outer: int) -> bool:
+    """Whether every read of ``write`` in ``group`` is a later node's, within the row the same
+    outer iteration stored (anywhere in it: a pooling's second pass reads each window of
+    the first pass's row)."""
+    for reader_pos, reader in enumerate(group.nodes):
+        for dep in reader.read_writes.reads:
+            if dep.name != write.name:
+                continue
+            if reader_pos <= pos or not isinstance(dep, MemoryDep) \
+                    or not read_within_iteration(write, writer, dep, reader, n_outer):
+                return False
+    return True
+
+
+def exact_rows(group: FusedGroup, rows: Iterable[str]) -> set[str]:
+    """Of the row scratch buffers, those read only at the element the same iteration stored
+    (what ``fold_into_reductions`` needs)."""
+    n_outer = len(group.outer)
+    exact = set()
+    for pos, node in enumerate(group.nodes):
+        name = node.node.name
+        if name not in rows:
+            continue
+        inner = inner_vars(node, n_outer)
+        (write,) = [d for d in node.read_writes.writes if d.name == name]
+        if reads_only_at(group, name, sympy.expand(write.index), inner, n_outer, range(pos + 1, len(group.nodes))):
+            exact.add(name)
+    return exact
 
 
 def register_results(group: FusedGroup, internal: Iterable[str]) -> list[str]:
@@ -118,8 +150,8 @@ def fold_into_reductions(loops: list[Loop], rows: Iterable[str]) -> list[Loop]:
     """Run a pointwise loop whose every node stores a row scratch buffer inside the reduction
     loop right after it, when that loop reduces over the same range (its ``red`` equals the
     pointwise loop's ``pw_inner``): each element is then stored and reduced in one pass.
-    Legal because a row scratch buffer is read only at the element the same iteration stored,
-    which in the joint loop is stored earlier in the same loop body."""
+    Legal for row scratch buffers read only at the element the same iteration stored
+    (``exact_rows``), which in the joint loop is stored earlier in the same loop body."""
     rows = set(rows)
     out: list[Loop] = []
     for loop in loops:

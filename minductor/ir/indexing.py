@@ -120,6 +120,12 @@ def value_range(
         if lo is None or hi is None or not d.is_Integer or lo < 0:
             return None, None
         return FloorDiv(lo, d), FloorDiv(hi, d)
+    if isinstance(expr, (sympy.Min, sympy.Max)):
+        bounds = [value_range(a, ranges) for a in expr.args]
+        if any(lo is None or hi is None for lo, hi in bounds):
+            return None, None
+        pick = min if isinstance(expr, sympy.Min) else max
+        return pick(lo for lo, _ in bounds), pick(hi for _, hi in bounds)
     if isinstance(expr, ModularIndexing):
         lo, hi = value_range(expr.args[0], ranges)
         if lo is not None and lo >= 0 and expr.args[2].is_Integer:

@@ -415,8 +415,12 @@ def _separable_window_sum(x: TensorBox, n: int, kernel: list[int], position: Pos
     lead.realize()
     partial = lead.make_loader()
 
+    last = int(x.get_size()[-1])
+
     def last_element(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
         p, mask = position(n - 1, index[-1], rindex[0])
+        if mask is not None:  # a masked-off position still reads inside the row (its kernel may keep the row)
+            p = sympy.Max(0, sympy.Min(p, last - 1))
         at = list(index[:-1]) + [p]
         return partial(at) if mask is None else ops.masked(mask, _bind(partial, at), 0.0)
 

@@ -17,6 +17,9 @@ def fused_outer(a: FusedGroup, b: FusedGroup) -> list[Expr] | None:
 
     A group with a reduction fixes its outer loops to the reduction's output ranges; a
     pointwise-only group may shorten its outer loops to a prefix, moving the rest inside.
+    Two pointwise-only groups one of which reads the other's output share their longest
+    common prefix: a producer's rows, read back within the row by a consumer of other inner
+    ranges (the window sums of a pooling's first pass), then stay in the kernel.
     """
     oa, ob = list(a.outer), list(b.outer)
     ra, rb = a.has_reduction(), b.has_reduction()
@@ -28,7 +31,11 @@ def fused_outer(a: FusedGroup, b: FusedGroup) -> list[Expr] | None:
     if oa == ob:
         return oa
     short, long_ = (oa, ob) if len(oa) < len(ob) else (ob, oa)
-    return short if long_[: len(short)] == short and short else None
+    if long_[: len(short)] == short and short:
+        return short
+    common = next((i for i, (x, y) in enumerate(zip(oa, ob)) if x != y), len(short))
+    vertical = a.write_names() & b.read_names() or b.write_names() & a.read_names()
+    return short[:common] if common and vertical else None
 
 
 def _rename(
@@ -66,6 +73,8 @@ def read_within_iteration(write: MemoryDep, wnode: SchedulerNode, read: MemoryDe
     outer = make_vars("o", n_outer)
     wc = affine_coeffs(w, list(outer) + w_inner)
     rc = affine_coeffs(r, list(outer) + r_inner)
+    if wc is not None and rc is None:
+        return _reads_in_span(w, wc, w_inner, w_ranges, r, r_ranges, outer)
     if wc is None or rc is None:
         return sympy.expand(w - r) == 0 and not w_inner and not r_inner
     if any(wc[o] != rc[o] for o in outer):
@@ -81,6 +90,20 @@ def read_within_iteration(write: MemoryDep, wnode: SchedulerNode, read: MemoryDe
     if lo is None or hi is None:
         return False
     return bool(lo >= 0) and bool(hi < span)
+
+
+def _reads_in_span(w: Expr, wc: dict[sympy.Symbol, Expr], w_inner: list[sympy.Symbol], w_ranges: dict[sympy.Symbol, Expr],
+                   r: Expr, r_ranges: dict[sympy.Symbol, Expr], outer: Sequence[sympy.Symbol]) -> bool:
+    """``read_within_iteration`` for a read whose inner part is not affine (a window's start,
+    ``FloorDiv(o*IN, OUT)``): affine in the outer variables like the dense write, and its inner
+    part's range inside the span the write stored."""
+    r = sympy.expand(r)
+    rest = r - sum((r.coeff(o, 1) * o for o in outer), sympy.Integer(0))
+    if any(r.coeff(o, 1) != wc[o] or sympy.expand(rest).has(o) for o in outer) or not w_inner \
+            or not _dense_image({v: wc[v] for v in w_inner}, w_ranges):
+        return False
+    lo, hi = value_range(sympy.expand(rest - w.xreplace({v: 0 for v in [*outer, *w_inner]})), r_ranges)
+    return lo is not None and hi is not None and bool(lo >= 0) and bool(hi < sympy.Mul(*[w_ranges[v] for v in w_inner]))
 
 
 def can_fuse(a: FusedGroup, b: FusedGroup, nodes_between: bool) -> bool:
