@@ -166,3 +166,22 @@ def test_relu_keeps_nan_and_negative_zero(dtype: torch.dtype) -> None:
     ref = x.relu() * 1
     width = torch.int32 if dtype == torch.float32 else torch.int64
     assert torch.equal(out.view(width), ref.view(width)), (out, ref)
+
+
+def test_max_pool_backward_vectorizes(tmp_path: Path) -> None:
+    """max_pool2d's backward gathers the int64 indices of the windows holding each position
+    under masks it reads from a table: tabled as bools, GCC 12 vectorized none of its loops
+    (8x64x128x128, 3x3/2/1: 16.9 ms scalar against eager's 9.3; 10.1 ms vectorized)."""
+    x = torch.randn(2, 3, 32, 48)
+    y, idx = torch.nn.functional.max_pool2d(x, 3, 2, 1, return_indices=True)
+    g = torch.randn_like(y)
+    fn = lambda g, x, i: torch.ops.aten.max_pool2d_with_indices_backward(g, x, [3, 3], [2, 2], [1, 1], [1, 1], False, i)  # noqa: E731
+    with config.patch(debug=True, debug_dir=str(tmp_path / "dump")):
+        torch.testing.assert_close(torch.compile(fn, backend="minductor")(g, x, idx), fn(g, x, idx), rtol=0, atol=0)
+    (path,) = (tmp_path / "dump").glob("graph_*/cpp_fused_*.cpp")
+    assert "mi_table_t<" in path.read_text()
+    report = vectorization_report(path, tmp_path)
+    done = {int(m) for m in re.findall(rf"{path.name}:(\d+):\d+: optimized: loop vectorized", report)}
+    loops = _simd_loops(path.read_text())
+    scalar = [(a, b) for a, b in loops if not any(a <= n <= b for n in done)]
+    assert loops and not scalar, report

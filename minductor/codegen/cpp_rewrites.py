@@ -101,7 +101,7 @@ def hoist_inner_invariants(kernel: Any, code: CodeBuffer, start: int, inner: str
                 prologue.writeline(f"auto {tmp} = {expr};")
             prologue.writeline(f"return {root};")
         prologue.writeline("};")
-        prologue.writeline(f"alignas(64) decltype({table}_fn(0)) {table}[{size}];")
+        prologue.writeline(f"alignas(64) mi_table_t<decltype({table}_fn(0))> {table}[{size}];")
         prologue.writeline("#pragma omp simd")
         prologue.writeline(f"for (int64_t {inner} = 0; {inner} < {size}; {inner}++) {table}[{inner}] = {table}_fn({inner});")
         replacements[f"auto {root} = {body_defs[root]};"] = f"auto {root} = {table}[{inner}];"

@@ -332,6 +332,12 @@ static inline double mi_sin(double x) { return __builtin_sin(x); }
 static inline double mi_cos(double x) { return __builtin_cos(x); }
 
 template <typename T> MI_MATH T mi_sigmoid(T a) { return T(1) / (T(1) + mi_exp(-a)); }
+// the element type of a table of values a loop reads by its index (cpp_rewrites.py): bools as
+// int32, since GCC 12 vectorized no loop that read a bool table and gathered int64 values
+// under its masks (a max_pool2d backward: "no vectype for stmt" on the int64 load)
+template <typename T> struct mi_table_s { using type = T; };
+template <> struct mi_table_s<bool> { using type = int32_t; };
+template <typename T> using mi_table_t = typename mi_table_s<T>::type;
 template <bool Wide> struct mi_bits_s { using type = uint64_t; };
 template <> struct mi_bits_s<false> { using type = uint32_t; };
 template <typename T> MI_MATH T mi_relu(T a) {
