@@ -150,3 +150,20 @@ def test_random_row_programs_use_the_row_scratch(tmp_path) -> None:
         x = torch.randn(rng.choice([3, 16]), rng.choice([7, 33, 128, 300]))
         used += "mi_row0" in compiled(program, x, tmp_path=tmp_path / str(seed), tol=1e-4)
     assert used >= 2, used
+
+
+@pytest.mark.parametrize("name", ["strided_within_row", "next_row", "shifted_past_row"])
+def test_a_consumer_of_other_inner_ranges_shares_the_row_only_within_it(name: str, tmp_path) -> None:
+    """A pointwise consumer whose inner ranges differ from its producer's fuses over their
+    common outer loops only when it reads the producer within the row the same iteration
+    stored: then the producer's row lives in a row scratch. Reads of another row, or past
+    the row's end, keep the producer in memory; results match eager either way."""
+    x = torch.randn(6, 128)
+    fns = {
+        "strided_within_row": (lambda x: (y := x.exp() * 2)[:, ::18] + y[:, 1::18], True),
+        "next_row": (lambda x: (y := x.exp() * 2)[1:, ::2] + y[:-1, ::2], False),
+        "shifted_past_row": (lambda x: (y := (x.exp() * 2).reshape(-1))[64:-64].reshape(5, 128)[:, ::2], False),
+    }
+    fn, shared = fns[name]
+    code = compiled(fn, x, tmp_path=tmp_path)
+    assert ("one row of it" in code) == shared, code
