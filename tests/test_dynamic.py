@@ -338,10 +338,11 @@ def test_a_graph_compiled_at_a_small_hint_keeps_its_large_buffers_across_calls(t
 
     compiled = torch.compile(lambda t: torch.sin(t) * 2 + 1, backend="minductor", dynamic=True)
     small, large = torch.randn(3, 5), torch.randn(512, 1024)
-    earlier = set(map(id, live_pools()))  # other tests' graphs may still be alive
+    # other tests' graphs may still be alive; held here, so no new pool can take one's address
+    earlier = live_pools()
     with config.patch(debug=True, debug_dir=str(tmp_path)):  # (no graph cache: a module of our own)
         torch.testing.assert_close(compiled(small), torch.sin(small) * 2 + 1)
-    pools = [p for p in live_pools() if id(p) not in earlier]  # this graph's
+    pools = [p for p in live_pools() if all(p is not q for q in earlier)]  # this graph's
     assert len(pools) == 1
     first = compiled(large)
     assert held_bytes(pools) == large.numel() * 4
