@@ -268,19 +268,18 @@ class CppKernel:
             lane = f"{acc}_lanes[mi_lane]"
             update = reduction_code(rtype, ctype, lane, value, self.index_str(self.rlinear))[2]
             lanes = self.outer_lanes if self.tile_var is not None else self.lane_slots
+            used = "mi_wl" if self.wide_lanes else lanes  # the slots this row's lanes use
             if rtype == "welford_reduce" and self.welford_rw:
                 # every lane has seen the same count: one reciprocal per lane step, no division per
                 # element; mean and m2 live in separate arrays (structure of arrays) so the lane
                 # loop vectorizes without shuffles, and become MiWelford lanes after the loop
                 self.prefix.writeline(f"{ctype} {acc}_mean[{lanes}], {acc}_m2[{lanes}];")
-                used = "mi_wl" if self.wide_lanes else lanes
                 self.prefix.writeline(f"for (int mi_l = 0; mi_l < {used}; mi_l++) {{ {acc}_mean[mi_l] = 0; {acc}_m2[mi_l] = 0; }}")
                 self.body.writeline(f"mi_welford_soa_update<{ctype}>({acc}_mean[mi_lane], {acc}_m2[mi_lane], "
                                     f"static_cast<{ctype}>({value}), static_cast<{ctype}>(mi_rw));")
                 self.welford_accs.append((acc, ctype))
             else:
                 self.prefix.writeline(f"{acc_type} {acc}_lanes[{lanes}];")
-                used = "mi_wl" if self.wide_lanes else lanes
                 self.prefix.writeline(f"for (int mi_l = 0; mi_l < {used}; mi_l++) {acc}_lanes[mi_l] = {init};")
                 self.body.writeline(f"{lane} = {update};")
             self.accumulators.append((acc, acc_type, init, combine))

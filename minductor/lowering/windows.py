@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import sympy
@@ -317,29 +317,38 @@ def _avg_pool_args(x: TensorBox, kernel_size: Any, stride: Any, padding: Any, ce
     return _Sweep(_spatial(x, n, name), kernel, _ints(stride, n, kernel), _ints(padding, n), [1] * n, ceil_mode)
 
 
+def _window_load(load: Callable[[Sequence[Expr]], Any], position: Position, outer: Sequence[Expr],
+                 out: Sequence[Expr], ks: Sequence[Any], rest: Sequence[Expr] = ()) -> Any:
+    """The input at window element ``ks`` of output ``out`` (the dims after the window's at
+    ``rest``), 0 where the position is masked off."""
+    mask, pos = None, []
+    for dim, k in enumerate(ks):
+        p, m = position(dim, out[dim], k)
+        pos.append(p)
+        mask = _and(mask, m)
+    at = [*outer, *pos, *rest]
+    return load(at) if mask is None else ops.masked(mask, _bind(load, at), 0.0)
+
+
+def _sum(compute: torch.dtype, values: Iterable[Any]) -> Any:
+    """``0 + v0 + v1 + ...``, in the given order (eager's, for an unrolled window)."""
+    total = ops.constant(0, compute)
+    for value in values:
+        total = ops.add(total, value)
+    return total
+
+
 def _window_sum(x: TensorBox, n: int, kernel: list[int], position: Position,
                 size: list[Expr], compute: torch.dtype, name: str) -> Callable[[Sequence[Expr]], Any]:
     """A loader for the sum over each output's window (``position(dim, out, k)`` =
     (input position, mask)): unrolled in row-major order, or a Reduction for big windows."""
     load = x.make_loader()
 
-    def element(outer: list[Expr], out: list[Expr], ks: Sequence[Any]) -> Any:
-        mask, pos = None, []
-        for dim, k in enumerate(ks):
-            p, m = position(dim, out[dim], k)
-            pos.append(p)
-            mask = _and(mask, m)
-        return load(outer + pos) if mask is None else ops.masked(mask, _bind(load, outer + pos), 0.0)
+    def element(index: Sequence[Expr], ks: Sequence[Any]) -> Any:
+        return _window_load(load, position, index[:-n], index[-n:], ks)
 
     if math.prod(kernel) <= MAX_UNROLL:
-        def unrolled(index: Sequence[Expr]) -> Any:
-            outer, out = list(index[:-n]), list(index[-n:])
-            total = ops.constant(0, compute)
-            for ks in itertools.product(*[range(k) for k in kernel]):
-                total = ops.add(total, element(outer, out, ks))
-            return total
-
-        return unrolled
+        return lambda index: _sum(compute, (element(index, ks) for ks in itertools.product(*map(range, kernel))))
 
     if _separates(x, n, size):
         return _separable_window_sum(x, n, kernel, position, size, compute, name)
@@ -350,16 +359,12 @@ def _window_sum(x: TensorBox, n: int, kernel: list[int], position: Position,
     lead_kernel = kernel[:-1]
     if math.prod(lead_kernel) <= MAX_UNROLL:
         def reduced(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
-            outer, out = list(index[:-n]), list(index[-n:])
-            total = ops.constant(0, compute)
-            for ks in itertools.product(*[range(k) for k in lead_kernel]):
-                total = ops.add(total, element(outer, out, [*ks, rindex[0]]))
-            return total
+            return _sum(compute, (element(index, [*ks, rindex[0]]) for ks in itertools.product(*map(range, lead_kernel))))
 
         ranges = [sympy.Integer(kernel[-1])]
     else:
         def reduced(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
-            return element(list(index[:-n]), list(index[-n:]), list(rindex))
+            return element(index, list(rindex))
 
         ranges = [sympy.Integer(k) for k in kernel]
     node = TensorBox.create(Reduction(x.get_device(), compute, reduced, list(size), origins=x.origins | {name},
@@ -370,7 +375,8 @@ def _window_sum(x: TensorBox, n: int, kernel: list[int], position: Position,
 
 def _separates(x: TensorBox, n: int, size: list[Expr]) -> bool:
     """Whether a big window sums in two passes (``_separable_window_sum``): the lead spatial
-    dims shrink at least 4x, so the first pass's buffer is at most a quarter of the input."""
+    dims shrink at least 4x (stride-1 windows keep the one pass: their first pass would be
+    nearly the input's size wherever it cannot stay in the kernel)."""
     ins, outs = x.get_size()[-n:-1], size[-n:-1]
     if n < 2 or not all(isinstance(s, sympy.Integer) for s in [*ins, *outs]):
         return False
@@ -381,31 +387,23 @@ def _separable_window_sum(x: TensorBox, n: int, kernel: list[int], position: Pos
                           size: list[Expr], compute: torch.dtype, name: str) -> Callable[[Sequence[Expr]], Any]:
     """A big window's sum in two passes, as separable filters run: first, at every position of
     the last dim, the sums over the lead dims' windows (unrolled when small enough, else a
-    Reduction), into a buffer of the output's lead sizes by the input's last size; then the
-    sums over the last dim's window of that buffer (unrolled when small enough, else a
-    Reduction). The first pass reads whole contiguous rows instead of each window's short
-    masked ones and adds each input element once per window row instead of once per window
-    (8x64x128x128 -> 7x7, 20x20 windows: 1.55 ms in one pass with unrolled rows, 0.43 ms in
-    two by hand, 0.31 ms generated; see the issue note)."""
+    Reduction), of the output's lead sizes by the input's last size; then the sums over the
+    last dim's window of those (unrolled when small enough, else a Reduction). Both unrolled,
+    the scheduler puts the passes in one kernel and the first pass's row in a row scratch
+    (``fusion.fused_outer``, ``cpp_rows``); else the first pass is a buffer. The first pass
+    reads whole contiguous rows instead of each window's short masked ones and adds each input
+    element once per window row instead of once per window (8x64x128x128 -> 7x7, 20x20
+    windows: 1.55 ms in one pass with unrolled rows, 0.41 ms in two by hand, 0.33-0.57 ms
+    generated; see the issue note)."""
     load, lead_kernel = x.make_loader(), kernel[:-1]
 
     def lead_element(index: Sequence[Expr], ks: Sequence[Any]) -> Any:
-        outer, out, last = list(index[:-n]), list(index[-n:-1]), index[-1]
-        mask, pos = None, []
-        for dim, k in enumerate(ks):
-            p, m = position(dim, out[dim], k)
-            pos.append(p)
-            mask = _and(mask, m)
-        at = outer + pos + [last]
-        return load(at) if mask is None else ops.masked(mask, _bind(load, at), 0.0)
+        return _window_load(load, position, index[:-n], index[-n:-1], ks, index[-1:])
 
     lead_size = list(size[:-1]) + [x.get_size()[-1]]
     if math.prod(lead_kernel) <= MAX_UNROLL:
         def lead_sum(index: Sequence[Expr]) -> Any:
-            total = ops.constant(0, compute)
-            for ks in itertools.product(*[range(k) for k in lead_kernel]):
-                total = ops.add(total, lead_element(index, ks))
-            return total
+            return _sum(compute, (lead_element(index, ks) for ks in itertools.product(*map(range, lead_kernel))))
 
         lead = _pointwise(x, compute, lead_sum, lead_size, name)
     else:
@@ -425,13 +423,7 @@ def _separable_window_sum(x: TensorBox, n: int, kernel: list[int], position: Pos
         return partial(at) if mask is None else ops.masked(mask, _bind(partial, at), 0.0)
 
     if kernel[-1] <= MAX_UNROLL:
-        def last_sum(index: Sequence[Expr]) -> Any:
-            total = ops.constant(0, compute)
-            for k in range(kernel[-1]):
-                total = ops.add(total, last_element(index, [k]))
-            return total
-
-        return last_sum
+        return lambda index: _sum(compute, (last_element(index, [k]) for k in range(kernel[-1])))
     node = TensorBox.create(Reduction(x.get_device(), compute, last_element, list(size), origins=x.origins | {name},
                                       src_dtype=compute, reduction_ranges=[sympy.Integer(kernel[-1])],
                                       reduction_type="sum"))

@@ -72,34 +72,26 @@ def read_within_iteration(write: MemoryDep, wnode: SchedulerNode, read: MemoryDe
     r, r_inner, r_ranges = _rename(read.index, rnode, n_outer)
     outer = make_vars("o", n_outer)
     wc = affine_coeffs(w, list(outer) + w_inner)
-    rc = affine_coeffs(r, list(outer) + r_inner)
-    if wc is not None and rc is None:
-        return _reads_in_span(w, wc, w_inner, w_ranges, r, r_ranges, outer)
-    if wc is None or rc is None:
+    if wc is None:
         return sympy.expand(w - r) == 0 and not w_inner and not r_inner
-    if any(wc[o] != rc[o] for o in outer):
-        return False
-    w_zero = w.xreplace({v: 0 for v in list(outer) + w_inner})
-    r_zero = r.xreplace({v: 0 for v in list(outer) + r_inner})
-    if not w_inner:
+    if not w_inner:  # one element per iteration (a reduction's result): read at exactly it
+        rc = affine_coeffs(r, list(outer) + r_inner)
+        if rc is None or any(wc[o] != rc[o] for o in outer):
+            return False
+        w_zero = w.xreplace({v: 0 for v in list(outer) + w_inner})
+        r_zero = r.xreplace({v: 0 for v in list(outer) + r_inner})
         return all(rc[v] == 0 for v in r_inner) and sympy.expand(w_zero - r_zero) == 0
-    if not _dense_image({v: wc[v] for v in w_inner}, w_ranges):
-        return False
-    span = sympy.Mul(*[w_ranges[v] for v in w_inner])
-    lo, hi = value_range(sympy.Add(*[rc[v] * v for v in r_inner]) + (r_zero - w_zero), r_ranges)
-    if lo is None or hi is None:
-        return False
-    return bool(lo >= 0) and bool(hi < span)
+    return _reads_in_span(w, wc, w_inner, w_ranges, r, r_ranges, outer)
 
 
 def _reads_in_span(w: Expr, wc: dict[sympy.Symbol, Expr], w_inner: list[sympy.Symbol], w_ranges: dict[sympy.Symbol, Expr],
                    r: Expr, r_ranges: dict[sympy.Symbol, Expr], outer: Sequence[sympy.Symbol]) -> bool:
-    """``read_within_iteration`` for a read whose inner part is not affine (a window's start,
-    ``FloorDiv(o*IN, OUT)``): affine in the outer variables like the dense write, and its inner
-    part's range inside the span the write stored."""
+    """``read_within_iteration`` for a write of a dense block per iteration: the read is affine
+    in the outer variables like the write, and the range of the rest (affine or not in the
+    inner variables: a window's start, ``FloorDiv(o*IN, OUT)``) lies inside the block."""
     r = sympy.expand(r)
     rest = r - sum((r.coeff(o, 1) * o for o in outer), sympy.Integer(0))
-    if any(r.coeff(o, 1) != wc[o] or sympy.expand(rest).has(o) for o in outer) or not w_inner \
+    if any(r.coeff(o, 1) != wc[o] or sympy.expand(rest).has(o) for o in outer) \
             or not _dense_image({v: wc[v] for v in w_inner}, w_ranges):
         return False
     lo, hi = value_range(sympy.expand(rest - w.xreplace({v: 0 for v in [*outer, *w_inner]})), r_ranges)
