@@ -91,10 +91,13 @@ def direct_callable(gm: torch.fx.GraphModule, graphs: list[CompiledGraph],
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     if len({id(x) for x in tensors}) != len(tensors) or any(is_traceable_wrapper_subclass(x) for x in tensors):
         return None
-    call = graph.call
+    metrics.direct_graphs += 1
+    direct = getattr(graph.call, "direct", None)  # the generated ``call_direct`` (codegen/wrapper.py)
+    if direct is not None:
+        return direct
+    call = graph.call  # a graph run through aten
 
     def run(*args: Any) -> Any:
         return call(list(args))
 
-    metrics.direct_graphs += 1
     return run

@@ -28,7 +28,7 @@ def _conv_inputs(code: str) -> list[str]:
 
 def _allocation(code: str, name: str) -> str:
     """The wrapper line that creates buffer ``name`` (an allocation, a reuse, or an extern call)."""
-    return next(line.strip() for line in code.split("def call(args):")[1].splitlines()
+    return next(line.strip() for line in code.split("\ndef call")[1].splitlines()
                 if line.strip().startswith(f"{name} = "))
 
 

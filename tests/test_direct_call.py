@@ -88,3 +88,25 @@ def test_output_view_of_input_still_aliases() -> None:
     got = torch.compile(lambda x: x[1:], backend="minductor")(x)
     x[1, 0] = 42.0
     assert got[0, 0].item() == 42.0
+
+
+def test_dynamo_calls_the_generated_call_direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The direct callable is the wrapper module's ``call_direct``: no argument list and no layout
+    checks (Dynamo's guards checked them). The boxed ``call`` still checks every input."""
+    from minductor import direct_call
+
+    returned: list[Any] = []
+    original = direct_call.direct_callable
+
+    def spy(*args: Any) -> Any:
+        returned.append(original(*args))
+        return returned[-1]
+
+    monkeypatch.setattr(direct_call, "direct_callable", spy)
+    x = torch.randn(33, 17)
+    run(lambda x: (x.exp() + 1).sum(1), x)
+    assert returned[0].__name__ == "call_direct"
+    boxed = returned[0].__globals__["call"]
+    torch.testing.assert_close(boxed([x]), ((x.exp() + 1).sum(1),))
+    with pytest.raises(AssertionError, match=r"input arg0_1 has size \(33, 17\) and stride \(1, 33\)"):
+        boxed([torch.randn(17, 33).t()])

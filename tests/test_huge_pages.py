@@ -64,3 +64,24 @@ def test_training_outputs_take_huge_pages(min_bytes: int, call: str, tmp_path: P
     torch.testing.assert_close(grad, x.grad)
     backward = next(tmp_path.glob("graph_*_backward/output_code.py")).read_text()
     assert f"buf0 = {call}(8, 16, 128, 128)" in backward, backward
+
+
+@pytest.mark.parametrize("min_bytes", [4 << 20, 0])
+def test_buffers_stay_on_the_cpu_under_another_default_device(min_bytes: int) -> None:
+    """A default device set by the user does not move the wrapper's CPU buffers: pooled,
+    huge-page and plain ones (a meta buffer's null pointer crashed the kernel)."""
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = (x * 2).sin()
+        return y + 1, y.sum(0)
+
+    x = torch.randn(2048, 1024)
+    torch._dynamo.reset()
+    with config.patch(huge_page_min_bytes=min_bytes):
+        compiled = torch.compile(fn, backend="minductor")
+        torch.set_default_device("meta")
+        try:
+            got = compiled(x)
+        finally:
+            torch.set_default_device(None)
+    assert all(g.device.type == "cpu" for g in got)
+    torch.testing.assert_close(got, fn(x), rtol=1e-4, atol=1e-3)  # (a sum over 2048 rows, in another order)

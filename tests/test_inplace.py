@@ -47,7 +47,7 @@ def test_softmax_writes_over_its_input_after_reading_each_row(tmp_path: Path, ro
     with config.patch(row_scratch=row_scratch):
         code = _compile(lambda q, k: (q @ k.transpose(1, 2)).softmax(-1), q, k, tmp_path=tmp_path, rtol=1e-5, atol=1e-5)
     assert len(_in_place(code)) == (1 if row_scratch else 2), code
-    kernel = code.split("def call(args):")[0]
+    kernel = code.split("\ndef call")[0]
     loops = re.findall(r"MI_LOOP_FN void \w+\(.*?\n}\n}", kernel, flags=re.S)
     assert len(loops) == (3 if row_scratch else 4), kernel  # the sum runs in the exp loop with a row scratch
     assert sum("mi_exp(" in loop for loop in loops) == 1, kernel  # no recomputed exp
@@ -194,7 +194,7 @@ def test_gelu_then_layer_norm_stores_gelu_once_and_reduces_it_once(tmp_path: Pat
     # the mean and rstd are outputs too (as a training forward saves them): stored after the loop
     code = _compile(lambda x: torch.native_layer_norm(F.gelu(torch.addmm(b, x, w)), (128,), lw, lb, 1e-5), x,
                     tmp_path=tmp_path, rtol=1e-4, atol=1e-4)
-    kernel = code.split("def call(args):")[0]
+    kernel = code.split("\ndef call")[0]
     loops = re.findall(r"MI_LOOP_FN void \w+\(.*?\n}\n}", kernel, flags=re.S)
     assert len(loops) == (4 if two_pass else 3) and sum("mi_erf(" in loop for loop in loops) == 1, kernel  # no recomputed erf
     assert "mi_row0" in kernel

@@ -215,3 +215,21 @@ def test_a_lone_large_kernel_compiles_in_parallel_parts(fresh_cache: Path, monke
         torch.testing.assert_close(torch.compile(_chain50, backend="minductor")(x), expected)
     assert len(runs) == 1 and not any(a.startswith("-DMI_PART") for a in runs[0])
     assert "MI_IN_PART(1)" in next((fresh_cache / "whole").rglob("*.cpp")).read_text()
+
+
+def test_loaded_kernels_take_plain_ints() -> None:
+    """Given its source, a kernel's parameter types are declared: a 64-bit data pointer and a
+    size pass as Python ints (undeclared, ctypes would pass a pointer as a 32-bit C int)."""
+    source = '#include <cstdint>\nextern "C" void k(const float* __restrict__ a, float* out, const int64_t n, double s)' \
+             '{for(long i=0;i<n;i++) out[i]=a[i]*s;}\n'
+    fn, = cache.compile_and_load_many([(source, "k")])
+    a, out = torch.randn(4099), torch.empty(4099)
+    fn(a.data_ptr(), out.data_ptr(), 4099, 0.5)
+    torch.testing.assert_close(out, a * 0.5)
+    assert a.data_ptr() >= 1 << 32  # the pointer did not fit a C int
+
+
+def test_a_kernel_parameter_of_unknown_type_is_an_error() -> None:
+    source = 'extern "C" void k(float* out, unsigned short n){for(int i=0;i<n;i++) out[i]=i;}\n'
+    with pytest.raises(cache.CppCompileError, match="kernel k takes a parameter 'unsigned short n' of no known type"):
+        cache.compile_and_load_many([(source, "k")])

@@ -363,10 +363,9 @@ def _alloc_line(buf: Buffer) -> str:
     if lay.device.type == "cpu" and config.huge_page_min_bytes > 0 and \
             (not nbytes.is_number or int(nbytes) >= config.huge_page_min_bytes):
         return f"{buf.name} = empty_huge({py_shape(lay.size)}, {py_shape(lay.stride)}, {lay.dtype}, {py_index(nbytes)})"
-    return (
-        f"{buf.name} = empty_strided({py_shape(lay.size)}, {py_shape(lay.stride)}, "
-        f"device={str(lay.device)!r}, dtype={lay.dtype})"
-    )
+    # (the device as an object: parsing 'cpu' cost 5 of 20 us an allocation with cold caches)
+    device = "mi_cpu" if lay.device == torch.device("cpu") else repr(str(lay.device))
+    return f"{buf.name} = empty_strided({py_shape(lay.size)}, {py_shape(lay.stride)}, device={device}, dtype={lay.dtype})"
 
 
 def _reuse_line(buf: Buffer, old: str, ours: dict[str, Buffer], comment: str = "reuse") -> str:

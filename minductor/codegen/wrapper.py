@@ -64,11 +64,11 @@ def codegen_kernel(group: FusedGroup, index: int, internal: frozenset[str] = fro
     kernel.written_over = dict(written_over or {})
     kernel.row_candidates = dict(row_scratch or {})
     source = kernel.generate()
-    call_args = [f"c_void_p({buf}.data_ptr())" for buf, _, _ in kernel.args.call_order()]
-    call_args += [f"c_int64({s})" for s in kernel.size_args]
+    # plain ints: the loader declared the kernel's parameter types (runtime/cache.with_argtypes)
+    call_args = [f"{buf}.data_ptr()" for buf, _, _ in kernel.args.call_order()] + list(kernel.size_args)
     call = f"{name}({', '.join(call_args)})"
     if kernel.uses_error_flag:
-        call = (f"mi_err = torch.zeros(1, dtype=torch.int64); {name}({', '.join([*call_args, 'c_void_p(mi_err.data_ptr())'])}); "
+        call = (f"mi_err = torch.zeros(1, dtype=torch.int64); {name}({', '.join([*call_args, 'mi_err.data_ptr()'])}); "
                 f"check_index_error(mi_err, {name!r})")
     return KernelCode(name, "cpp", source, call, ".cpp", frozenset(kernel.local) | frozenset(kernel.rows))
 
@@ -113,11 +113,12 @@ def py_arg(obj: Any) -> str:
 
 def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
     kernels: list[KernelCode] = []
-    body = CodeBuffer()
+    inference = getattr(graph, "kind", "inference") == "inference"
+    head = CodeBuffer()  # the boxed call's: take the arguments out of their list, check their layouts
     inputs = graph.graph_input_names
-    body.writeline(f"{', '.join(inputs)}{',' if len(inputs) == 1 else ''} = args" if inputs else "pass")
-    body.writeline("args.clear()")
-    bound = _bind_sizes(body, graph)
+    head.writeline(f"{', '.join(inputs)}{',' if len(inputs) == 1 else ''} = args" if inputs else "pass")
+    head.writeline("args.clear()")
+    bound = _bind_sizes(head, graph)
 
     def checked(values: Any) -> str:  # symbolic entries by their values once bound (torch's C++ check takes ints)
         return py_shape([e if {s.name for s in e.free_symbols} <= bound else None for e in values])
@@ -125,11 +126,14 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
     for name in inputs:
         buf = graph.graph_inputs.get(name)
         if buf is not None:
-            body.writeline(f"assert_size_stride({name}, {checked(buf.layout.size)}, {checked(buf.layout.stride)}, {name!r})")
+            head.writeline(f"assert_size_stride({name}, {checked(buf.layout.size)}, {checked(buf.layout.stride)}, {name!r})")
+    body = CodeBuffer()
+    if inference:  # the body is ``call_direct``, which binds the sizes itself
+        _bind_sizes(body, graph)
     outputs = scheduler.output_names()
     # training graphs hold no storages across calls: a forward's pool would sit on memory
     # through the backward (and vice versa), above eager's peak
-    slots = PoolSlots(enabled=getattr(graph, "kind", "inference") == "inference")
+    slots = PoolSlots(enabled=inference)
     templates = _plan_templates(scheduler.units, outputs)
     last_use = dict(scheduler.last_use)
     for i, t in templates.items():
@@ -171,7 +175,8 @@ def generate_wrapper(graph: Any, scheduler: Scheduler) -> WrapperModule:
     rets = [_output_expr(o) for o in graph.graph_outputs]
     body.writeline(f"return ({', '.join(rets)}{',' if len(rets) == 1 else ''})")
     constants = dict(graph.constants) | dict(graph.callables)
-    source = _render_module(body, kernels, sorted(constants), slots.count) + _render_standalone(graph)
+    calls = _render_calls(head, body, inputs if inference else None)
+    source = _render_module(calls, kernels, sorted(constants), slots.count) + _render_standalone(graph)
     return WrapperModule(source, kernels, constants)
 
 
@@ -280,18 +285,18 @@ def _output_expr(out: Any) -> str:
     raise WrapperCodegenError(f"cannot return {out}")
 
 
-def _render_module(body: CodeBuffer, kernels: list[KernelCode], constants: list[str], pool_slots: int = 0) -> str:
+def _render_module(calls: CodeBuffer, kernels: list[KernelCode], constants: list[str], pool_slots: int = 0) -> str:
     out = CodeBuffer()
     out.writeline("# minductor generated wrapper")
     out.writeline("import torch")
-    out.writeline("from ctypes import c_int64, c_void_p")
     out.writeline("from minductor.runtime.cache import compile_and_load_many")
     out.writeline(f"from minductor.runtime.helpers import {', '.join(WRAPPER_HELPERS)}")
     out.writeline("")
     out.writeline("empty_strided = torch.empty_strided")
+    out.writeline("mi_cpu = torch.device('cpu')")
     if any("autotune_launch(" in k.call for k in kernels if k.backend == "triton"):
         out.writeline("from minductor.runtime.triton_autotune import autotune_launch")
-    if "empty_huge(" in body.getvalue():
+    if "empty_huge(" in calls.getvalue():
         out.writeline("from minductor.runtime.huge_pages import empty_huge")
     if pool_slots:
         out.writeline("from minductor.runtime.buffer_pool import BufferPool")
@@ -322,12 +327,40 @@ def _render_module(body: CodeBuffer, kernels: list[KernelCode], constants: list[
         out.writeline(f"{names}{',' if len(cpp) == 1 else ''} = compile_and_load_many([{items}])")
         out.writeline("")
     out.writeline("")
+    out.splice(calls)
+    return out.getvalue()
+
+
+def _render_calls(head: CodeBuffer, body: CodeBuffer, direct: list[str] | None) -> CodeBuffer:
+    """``call(args)``, the boxed call AOTAutograd makes: ``head`` then ``body``. With ``direct``
+    (an inference graph's inputs), the body is ``call_direct(*inputs)`` and ``call`` calls it:
+    Dynamo calls ``call_direct`` itself when AOTAutograd's wrapper would change nothing
+    (``direct_call.py``). Its arguments are exactly Dynamo's, whose guards checked their sizes
+    and strides, so it skips the layout checks. Those and the argument list cost 10 of 37 us a
+    call of a small graph after a kernel that streamed 64 MB through the caches. (The inputs of
+    an inference graph stay alive in the caller anyway, so its early frees free nothing.)"""
+    out = CodeBuffer()
+    if direct is not None:
+        out.writeline(f"def call_direct({', '.join(direct)}):")
+        with out.indent(open_brace=False):
+            out.splice(body)
+        out.writeline("")
+        out.writeline("")
+        out.writeline("def call(args):")
+        with out.indent(open_brace=False):
+            out.splice(head)
+            out.writeline(f"return call_direct({', '.join(direct)})")
+        out.writeline("")
+        out.writeline("call._boxed_call = True")
+        out.writeline("call.direct = call_direct")
+        return out
     out.writeline("def call(args):")
     with out.indent(open_brace=False):
+        out.splice(head)
         out.splice(body)
     out.writeline("")
     out.writeline("call._boxed_call = True")
-    return out.getvalue()
+    return out
 
 
 __all__ = ["ComputedBuffer", "InputBuffer", "generate_wrapper"]

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from minductor import config
-from minductor.runtime.huge_pages import empty_huge
+from minductor.runtime.huge_pages import CPU, empty_huge
 
 _use_count = torch._C._storage_Use_Count
 KEEP = 2
@@ -40,13 +40,13 @@ class BufferPool:
         """A tensor of ``size``/``stride`` on a storage nobody else holds (uninitialized); below
         ``config.pool_min_bytes`` (a symbolic size, small this call), a fresh one, not kept."""
         if nbytes < config.pool_min_bytes:
-            return torch.empty_strided(size, stride, dtype=dtype)
+            return torch.empty_strided(size, stride, dtype=dtype, device=CPU)
         with self.lock:
             kept = self.slots[slot]
             for storage in kept:
                 # 1: only the pool holds it; the size check catches a storage resized by its user
                 if _use_count(storage._cdata) == 1 and storage.nbytes() == nbytes:
-                    return torch.empty(0, dtype=dtype).set_(storage, 0, size, stride)
+                    return torch.empty(0, dtype=dtype, device=CPU).set_(storage, 0, size, stride)
             tensor = empty_huge(size, stride, dtype, nbytes)
             if len(kept) >= KEEP:
                 kept.pop(0)

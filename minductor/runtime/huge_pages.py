@@ -26,6 +26,7 @@ import torch
 from minductor import config
 
 HUGE_PAGE = 2 << 20
+CPU = torch.device("cpu")  # named on every allocation: a default device set by the user must not move them
 MADV_HUGEPAGE = 14
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -59,7 +60,7 @@ def advise_huge(ptr: int, nbytes: int) -> bool:
 def empty_huge(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype, nbytes: int) -> torch.Tensor:
     """``torch.empty_strided`` on the CPU, on huge pages when ``nbytes`` is large enough (the
     wrapper's allocation of a large buffer, static or symbolic in size)."""
-    tensor = torch.empty_strided(size, stride, dtype=dtype)
+    tensor = torch.empty_strided(size, stride, dtype=dtype, device=CPU)
     if 0 < config.huge_page_min_bytes <= nbytes:
         advise_huge(tensor.data_ptr(), nbytes)
     return tensor
