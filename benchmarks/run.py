@@ -215,7 +215,9 @@ def bench_overhead(with_inductor: bool) -> None:
         finally:
             loader.load_wrapper = original
         dynamo, compiled, (wrapper,) = calls["dynamo"], calls["minductor"], wrappers
-        calls.update(dynamo=lambda: dynamo(x), minductor=lambda: compiled(x), wrapper=lambda: wrapper([x]))
+        direct = getattr(wrapper, "direct", None)  # what Dynamo calls (codegen/wrapper.py: call_direct)
+        calls.update(dynamo=lambda: dynamo(x), minductor=lambda: compiled(x),
+                     wrapper=(lambda: direct(x)) if direct is not None else (lambda: wrapper([x])))
         if with_inductor:
             inductor = torch.compile(lambda x: x.sum(1))
             with torch.no_grad():
@@ -239,16 +241,21 @@ def _split_call(fn: Any, x: torch.Tensor, calls: int = 300) -> tuple[float, floa
     marks: list[tuple[float, float]] = []
     original = loader.load_wrapper
 
-    def load(module: Any, dump: Any) -> Any:
-        inner = original(module, dump)
-
-        def timed(args: list[Any]) -> Any:
+    def timing(inner: Any) -> Any:
+        def timed(*args: Any) -> Any:
             start = time.perf_counter()
-            out = inner(args)
+            out = inner(*args)
             marks.append((start, time.perf_counter()))
             return out
 
+        return timed
+
+    def load(module: Any, dump: Any) -> Any:
+        inner = original(module, dump)
+        timed = timing(inner)
         timed._boxed_call = True  # type: ignore[attr-defined]
+        if getattr(inner, "direct", None) is not None:  # the call Dynamo makes (direct_call.py)
+            timed.direct = timing(inner.direct)  # type: ignore[attr-defined]
         return timed
 
     loader.load_wrapper = load
