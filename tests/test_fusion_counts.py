@@ -84,3 +84,14 @@ def test_big_loops_under_a_full_reduction_stay_apart(n: int, kernels: int) -> No
     torch._dynamo.reset()
     metrics.reset()
     assert kernels_after_first_call(lambda x: (x.sum(), x.amax()), x) == 1
+
+
+@pytest.mark.parametrize("n, kernels", [(32, 1), (512, 2)])
+def test_a_big_transposing_copy_stays_apart_from_a_reduction(n: int, kernels: int) -> None:
+    """A transposing copy big enough for 2-D tiles gets a kernel of its own rather than joining
+    a column sum of the same input (where it would run untiled); small ones still fuse."""
+    x = torch.randn(n, n)
+    assert kernels_after_first_call(lambda x: (x.t().contiguous(), x.sum(0)), x, rtol=1e-5, atol=1e-4) == kernels
+    torch._dynamo.reset()
+    metrics.reset()
+    assert kernels_after_first_call(lambda x: (x.t().contiguous(), x.t() * 2), x) == 1  # pointwise siblings: tiled together
