@@ -185,3 +185,30 @@ def test_max_pool_backward_vectorizes(tmp_path: Path) -> None:
     loops = _simd_loops(path.read_text())
     scalar = [(a, b) for a, b in loops if not any(a <= n <= b for n in done)]
     assert loops and not scalar, report
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_maximum_and_minimum_match_eager_bit_for_bit(dtype: torch.dtype, tmp_path: Path) -> None:
+    """torch.maximum/minimum: NaN from either side, and a tie of -0 and +0 gives the second
+    operand, as eager's vectorized maximum does; max/min reductions (their update tests the new
+    value for NaN, off the accumulator's chain) propagate NaN and inf like eager."""
+    special = [float("nan"), -float("nan"), -0.0, 0.0, -float("inf"), float("inf"), -1.5, 2.5, 1e-45, -1e-45]
+    a = torch.tensor([s for s in special for _ in special], dtype=dtype).repeat(3)
+    b = torch.tensor(special * len(special), dtype=dtype).repeat(3)
+    fn = lambda a, b: (torch.maximum(a, b) * 1, torch.minimum(a, b) * 1)  # noqa: E731
+    width = torch.int32 if dtype == torch.float32 else torch.int64
+    for got, want in zip(torch.compile(fn, backend="minductor")(a, b), fn(a, b)):  # (NaN payloads aside)
+        assert torch.equal(got.isnan(), want.isnan()), (got, want)
+        assert torch.equal(got[~want.isnan()].view(width), want[~want.isnan()].view(width)), (got, want)
+    x = torch.randn(300, 70, dtype=dtype)
+    x[7, 3], x[299, 5], x[0, 69], x[150, 0] = float("nan"), -float("nan"), float("inf"), -float("inf")
+    red = lambda x: (x.amax(0), x.amin(0), x.amax(1), x.amin(1), x.max(), x.min())  # noqa: E731
+    torch.testing.assert_close(torch.compile(red, backend="minductor")(x), red(x), equal_nan=True, rtol=0, atol=0)
+    with config.patch(debug=True, debug_dir=str(tmp_path)):  # the column max alone: its lanes are output columns
+        torch.testing.assert_close(torch.compile(lambda x: x.amax(0), backend="minductor")(x), x.amax(0), equal_nan=True)
+    (path,) = tmp_path.glob("graph_*/cpp_fused_*.cpp")
+    assert "mi_max_update<" in path.read_text()
+    report = vectorization_report(path, tmp_path)
+    done = {int(m) for m in re.findall(rf"{path.name}:(\d+):\d+: optimized: loop vectorized", report)}
+    loops = _simd_loops(path.read_text())
+    assert loops and all(any(a <= n <= b for n in done) for a, b in loops), report

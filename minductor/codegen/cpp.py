@@ -266,7 +266,7 @@ class CppKernel:
             ctype = CPP_COMPUTE_TYPES[src_dtype if rtype in ("argmax", "argmin") else dtype]
             acc_type, init, update, combine = reduction_code(rtype, ctype, acc, value, self.index_str(self.rlinear))
             lane = f"{acc}_lanes[mi_lane]"
-            update = reduction_code(rtype, ctype, lane, value, self.index_str(self.rlinear))[2]
+            update = reduction_code(rtype, ctype, lane, value, self.index_str(self.rlinear), columns=self.tile_var is not None)[2]
             lanes = self.outer_lanes if self.tile_var is not None else self.lane_slots
             used = "mi_wl" if self.wide_lanes else lanes  # the slots this row's lanes use
             if rtype == "welford_reduce" and self.welford_rw:

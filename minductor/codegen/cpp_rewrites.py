@@ -45,7 +45,7 @@ _DEF = re.compile(r"^\s*auto (tmp\d+) = (.*);$")
 _TYPES = {"static_cast", "decltype", "float", "double", "int64_t", "int32_t", "uint64_t", "uint32_t", "int8_t",
           "uint8_t", "int16_t", "bool", "true", "false", "mi_half", "mi_bf16"}
 # calls that cost no more than the arithmetic around them
-_CHEAP_CALLS = {"static_cast", "decltype", "mi_relu", "mi_maximum", "mi_minimum", "mi_abs", "mi_min_i64"}
+_CHEAP_CALLS = {"static_cast", "decltype", "mi_relu", "mi_maximum", "mi_minimum", "mi_max_update", "mi_min_update", "mi_abs", "mi_min_i64"}
 
 
 def _costly(expr: str) -> bool:
