@@ -326,3 +326,27 @@ def test_outer_lane_tiles_count_the_batch_as_parallel_work() -> None:
     x = torch.randn(2, 16, 64, 64).to(memory_format=torch.channels_last)
     fn = lambda t: torch.relu(t).mean((2, 3))
     torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_argmax_lanes_are_value_and_index_arrays(dtype: torch.dtype, tmp_path: Any) -> None:
+    """argmax/argmin along a row keep their lanes as a value array and an index array (a
+    branch-free select per element, MiArg lanes only for the final combine): NaN first wins,
+    ties take the smallest index in the lanes, the scalar tail and across them, all -inf rows
+    and +inf rows are found."""
+    from minductor import config
+
+    x = torch.randn(37, 1003, dtype=dtype)
+    x[0, 700] = x[0, 5] = x[0].max() + 1  # a tie across lanes
+    x[1, 1001] = x[1, 33] = x[1].min() - 1  # a tie between the lanes and the tail
+    x[2, 40], x[2, 1002] = NAN, -NAN  # NaN in the lanes and in the tail
+    x[3, 1002] = NAN  # NaN in the tail only
+    x[4] = -INF
+    x[5] = INF
+    x[6, 17], x[6, 900] = INF, INF
+    fn = lambda x: (x.argmax(1), x.argmin(1), x.max(1), x.min(-1))  # noqa: E731
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        check(fn, x)
+    if config.cpu_backend == "cpp":  # (the Triton backend's reductions are its own)
+        code = "".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_fused_*.cpp"))
+        assert "mi_arg_soa_update<" in code and "_i[mi_lane]" in code, code

@@ -278,6 +278,15 @@ class CppKernel:
                 self.body.writeline(f"mi_welford_soa_update<{ctype}>({acc}_mean[mi_lane], {acc}_m2[mi_lane], "
                                     f"static_cast<{ctype}>({value}), static_cast<{ctype}>(mi_rw));")
                 self.welford_accs.append((acc, ctype))
+            elif rtype in ("argmax", "argmin") and self.tile_var is None and ctype in ("float", "double"):
+                # value and index lanes apart, MiArg lanes after the loop: as an array of 16-byte
+                # structs, x.max(-1) at 4096^2 ran 9.3 ms against eager's 4.45 (shuffles, branches)
+                first = "mi_lowest" if rtype == "argmax" else "mi_highest"
+                self.prefix.writeline(f"{ctype} {acc}_v[{lanes}]; int64_t {acc}_i[{lanes}];")
+                self.prefix.writeline(f"for (int mi_l = 0; mi_l < {used}; mi_l++) {{ {acc}_v[mi_l] = {first}<{ctype}>(); {acc}_i[mi_l] = -1; }}")
+                self.body.writeline(f"mi_arg_soa_update<{ctype}, {str(rtype == 'argmax').lower()}>({acc}_v[mi_lane], "
+                                    f"{acc}_i[mi_lane], static_cast<{ctype}>({value}), {self.index_str(self.rlinear)});")
+                self.arg_accs.append((acc, acc_type))
             else:
                 self.prefix.writeline(f"{acc_type} {acc}_lanes[{lanes}];")
                 self.prefix.writeline(f"for (int mi_l = 0; mi_l < {used}; mi_l++) {acc}_lanes[mi_l] = {init};")
@@ -503,6 +512,7 @@ class CppKernel:
                                   f"{self.wide_lanes} : {self.lanes};")
         self.welford_rw = len(merged_red.variables) == 1 and self.tile_var is None
         self.welford_accs: list[tuple[str, str]] = []  # (accumulator, compute type) kept as arrays
+        self.arg_accs: list[tuple[str, str]] = []  # (accumulator, MiArg type) kept as value and index arrays
         innermost = ([self.tile_var] if self.tile_var is not None else merged_red.variables or merged_pw.variables
                      or outer.variables)
         self.innermost = str(innermost[-1]) if innermost else None
@@ -735,6 +745,10 @@ class CppKernel:
         for acc, ctype in self.welford_accs:
             code.writeline(f"MiWelford<{ctype}> {acc} = MiWelford<{ctype}>{{{acc}_mean[0], {acc}_m2[0], "
                            f"static_cast<{ctype}>({end} - {begin})}};")
+        for acc, acc_type in self.arg_accs:
+            code.writeline(f"{acc_type} {acc}_lanes[{self.lane_slots}];")
+            code.writeline(f"for (int mi_l = 0; mi_l < {'mi_wl' if wide else self.lane_slots}; mi_l++) "
+                           f"{acc}_lanes[mi_l] = {acc_type}{{{acc}_v[mi_l], {acc}_i[mi_l]}};")
         for acc, acc_type, _, combine in self.accumulators:
             if acc in welford:
                 continue
@@ -755,6 +769,7 @@ class CppKernel:
         for line in self.body.lines:
             for acc, *_ in self.accumulators:
                 line = line.replace(f"{acc}_lanes[mi_lane]", f"{acc}_tail")
+                line = line.replace(f"{acc}_v[mi_lane]", f"{acc}_tail.value").replace(f"{acc}_i[mi_lane]", f"{acc}_tail.index")
             tail.lines.append(line)
         return tail
 

@@ -458,6 +458,14 @@ template <typename T, bool Max> static inline MiArg<T> mi_arg_combine(MiArg<T> a
     if (b_better) return b;
     return a.index <= b.index ? a : b;
 }
+// argmax/argmin along a row, value and index lanes in separate arrays (codegen/cpp.py), the
+// index growing within a lane: a branch-free select per element. NaN wins and keeps its first
+// index; a tie keeps the earlier index; an empty lane (index -1) takes the first value.
+template <typename T, bool Max> static inline void mi_arg_soa_update(T& a, int64_t& ai, T v, int64_t i) {
+    const bool take = (Max ? v > a : v < a) || (v != v && a == a) || ai < 0;
+    a = take ? v : a;
+    ai = take ? i : ai;
+}
 template <typename T> static inline MiArg<T> mi_argmax_update(MiArg<T> acc, T v, int64_t i) {
     return mi_arg_combine<T, true>(acc, MiArg<T>{v, i});
 }
