@@ -151,8 +151,8 @@ def _transposes(node: SchedulerNode) -> bool:
     what it writes along its innermost: a transposing copy. Alone, or with other pointwise
     nodes, C++ codegen loops over tiles and stages the transposed operand
     (``codegen/cpp_tiles.py``); in a reduction's kernel it would not, and every element would
-    be a strided load: a weight gradient's ``dy.t()`` copy (256x1024), fused with the bias
-    gradient's column sum of ``dy``, took 281 us against 18 for the sum and the tiled copy apart."""
+    be a strided load: a weight gradient's ``dy.t()`` copy (of a 256x1024 ``dy``), fused with the
+    bias gradient's column sum of ``dy``, took 281 us; apart, the tiled copy 33 us and the sum 16."""
     from minductor.codegen.loop_shapes import TILE, planning_size  # (a cycle at import time)
 
     if node.is_reduction() or node.is_scan():
