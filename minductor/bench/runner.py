@@ -314,11 +314,10 @@ def _fresh_inputs(call: Callable[[], Any], buffers: list[str], roles: list[str],
 def pointer_roles(source: str, name: str) -> list[str]:
     """For each buffer pointer of C++ kernel ``name``, in signature order: "r" (``const``),
     "w" (``out_ptr``) or "rw" (``in_out_ptr``). Empty when the source is not at hand."""
-    match = re.search(rf'extern "C" void {name}\((.*?)\)\n', source)
-    if match is None:
-        return []
+    from minductor.runtime.cache import kernel_parameters
+
     roles = []
-    for param in match.group(1).split(", "):
+    for param in kernel_parameters(source, name) or []:
         if "*" not in param or param.endswith("mi_err"):
             continue
         roles.append("r" if param.startswith("const ") else "rw" if "in_out_ptr" in param else "w")

@@ -18,6 +18,7 @@ from minductor.codegen.loop_shapes import STAGE_BYTES, STAGED_COLS, STAGED_ROWS,
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.runtime.cache import gathers_enabled
 from minductor.scheduler.deps import MemoryDep
+from minductor.scheduler.fusion import transposed_access
 from minductor.scheduler.nodes import FusedGroup
 from minductor.virtualized import V
 
@@ -35,21 +36,8 @@ def needs_2d_tiles(group: FusedGroup, outer: MergedDims) -> bool:
     # the tiles' partial edges handle any run-time size
     if min(planning_size(s, 2 * TILE) for s in outer.sizes[-2:]) < 2 * TILE:
         return False
-    inner, second = outer.variables[-1], outer.variables[-2]
-    found_inner = found_second = False
-    for node in group.nodes:
-        for dep in node.read_writes.reads | node.read_writes.writes:
-            if not isinstance(dep, MemoryDep):
-                continue
-            expr = dep.index.xreplace(outer.substitution)
-            coeffs = affine_coeffs(expr, [inner, second])
-            if coeffs is None:
-                continue
-            found_inner |= coeffs[inner] == 1
-            # a read constant along the innermost loop (an index vector, a row bias) is a
-            # broadcast, not a transpose (index_select's indices made 64x64 tiles of a row copy)
-            found_second |= coeffs[second] == 1 and coeffs[inner] not in (0, 1)
-    return found_inner and found_second
+    deps = [dep for node in group.nodes for dep in node.read_writes.reads | node.read_writes.writes]
+    return transposed_access(deps, outer.variables[-1], outer.variables[-2], outer.substitution)
 
 
 def _store_contiguous_along(outer: MergedDims, var: sympy.Symbol, loop: Loop) -> bool:

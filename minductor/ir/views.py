@@ -173,7 +173,12 @@ def realize_input(x: IRNode) -> Buffer | ReinterpretView:
     folded = try_fold_to_strides(x.base, x.size, x.reindex, freeze=True)
     if folded is not None:
         return folded
-    copy = StorageBox(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), list(x.size), origins=x.origins))
+    return contiguous_copy(x, x.origins)
+
+
+def contiguous_copy(x: IRNode, origins: frozenset[str]) -> Buffer:
+    """A contiguous buffer holding ``x``'s values, written by a pointwise copy kernel."""
+    copy = StorageBox(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), list(x.get_size()), origins=origins))
     buf = copy.realize()
     buf.freeze_layout()
     return buf

@@ -1,7 +1,9 @@
 """Fusion legality (``can_fuse``) and priority (``score_fusion``), kept apart."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import sympy
 
@@ -113,7 +115,7 @@ def can_fuse(a: FusedGroup, b: FusedGroup, nodes_between: bool) -> bool:
     n_outer = len(outer)
     if n_outer == 0 and len(_big_nests(a.nodes + b.nodes)) > 1:
         return False
-    if any(n.is_reduction() for n in a.nodes + b.nodes) and any(_transposes(n) for n in a.nodes + b.nodes):
+    if any(n.is_reduction() for n in a.nodes + b.nodes) and any(_transposes_memo(n) for n in a.nodes + b.nodes):
         return False
     if any(len(n.pw_ranges) < n_outer for n in a.nodes + b.nodes):
         return False
@@ -146,6 +148,16 @@ def _big_nests(nodes: Sequence[SchedulerNode]) -> set[tuple[tuple[Expr, ...], tu
     return nests
 
 
+_TRANSPOSES: weakref.WeakKeyDictionary[SchedulerNode, bool] = weakref.WeakKeyDictionary()
+
+
+def _transposes_memo(node: SchedulerNode) -> bool:
+    """``_transposes``, once per node (``can_fuse`` asks for every candidate pair)."""
+    if node not in _TRANSPOSES:
+        _TRANSPOSES[node] = _transposes(node)
+    return _TRANSPOSES[node]
+
+
 def _transposes(node: SchedulerNode) -> bool:
     """A pointwise node, big enough for 2-D tiles, that reads along its second-innermost loop
     what it writes along its innermost: a transposing copy. Alone, or with other pointwise
@@ -162,9 +174,21 @@ def _transposes(node: SchedulerNode) -> bool:
     if len(loops) < 2 or min(planning_size(s, 2 * TILE) for _, s in loops[-2:]) < 2 * TILE:
         return False
     (second, _), (inner, _) = loops[-2:]
+    return transposed_access(node.read_writes.reads | node.read_writes.writes, inner, second)
+
+
+def transposed_access(deps: Iterable[Any], inner: sympy.Symbol, second: sympy.Symbol,
+                      substitution: dict[sympy.Symbol, Expr] | None = None) -> bool:
+    """Whether some access in ``deps`` is contiguous along the innermost loop ``inner`` while
+    another is contiguous along the second-innermost ``second`` (a transpose). ``substitution``
+    first rewrites the indices into those loops' variables. A read constant along ``inner``
+    (an index vector, a row bias) is a broadcast, not a transpose (index_select's indices
+    made 64x64 tiles of a row copy)."""
     along_inner = along_second = False
-    for dep in node.read_writes.reads | node.read_writes.writes:
-        coeffs = affine_coeffs(dep.index, [inner, second]) if isinstance(dep, MemoryDep) else None
+    for dep in deps:
+        if not isinstance(dep, MemoryDep):
+            continue
+        coeffs = affine_coeffs(dep.index.xreplace(substitution) if substitution else dep.index, [inner, second])
         if coeffs is not None:
             along_inner |= coeffs[inner] == 1
             along_second |= coeffs[second] == 1 and coeffs[inner] not in (0, 1)
@@ -189,4 +213,4 @@ def score_fusion(a: FusedGroup, b: FusedGroup, buffer_bytes: dict[str, int]) -> 
     return saved, int(bool(shared)), -abs(a.order - b.order)
 
 
-__all__ = ["Sequence", "can_fuse", "fused_outer", "score_fusion"]
+__all__ = ["Sequence", "can_fuse", "fused_outer", "score_fusion", "transposed_access"]
