@@ -26,6 +26,7 @@ from torch._dynamo.backends.common import flatten_graph_inputs
 from torch._functorch.aot_autograd import aot_module_simplified
 
 from minductor import direct_call
+from minductor.decompositions import DECOMPOSITIONS
 from minductor.partition import partition
 
 aten = torch.ops.aten
@@ -64,6 +65,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     the same), so the explicit table and ``_CORE_EXTRAS`` are enough."""
     table = dict(_core_aten_decompositions_post_autograd())
     table.update(get_decompositions(_CORE_EXTRAS + _EXTRA_DECOMPOSITIONS))
+    table.update(DECOMPOSITIONS)
     for packet in _KEEP_WHOLE:
         for name in packet.overloads():
             table.pop(getattr(packet, name), None)

@@ -96,6 +96,45 @@ def test_embedding_lm_head_cross_entropy_gradients() -> None:
     grads_match(LMHead(), lambda: torch.randint(0, 50, (4, 12)), lambda loss: loss)
 
 
+def _masks() -> dict[str, dict[str, Any]]:
+    bool_mask = torch.rand(16, 16) > 0.3
+    bool_mask[3] = False  # a row masked out entirely: output 0, no gradient
+    float_mask = torch.randn(2, 1, 16, 16)
+    float_mask[1, 0, 5] = float("-inf")
+    return {"causal": {"is_causal": True}, "bool_mask": {"attn_mask": bool_mask},
+            "float_mask": {"attn_mask": float_mask}, "scale": {"is_causal": True, "scale": 0.3}, "plain": {}}
+
+
+@pytest.mark.parametrize("case", list(_masks()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scaled_dot_product_attention_gradients(case: str, dtype: torch.dtype) -> None:
+    # the CPU flash-attention op: its backward takes the forward's log-sum-exp, which our
+    # decomposition must return (torch's returns the probabilities in its place)
+    kwargs = _masks()[case]
+    if dtype == torch.float64 and "attn_mask" in kwargs and kwargs["attn_mask"].is_floating_point():
+        kwargs = {"attn_mask": kwargs["attn_mask"].double()}
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 16, 8, dtype=dtype, requires_grad=True) for _ in range(3))
+
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    expected = attention(q, k, v)
+    cotangent = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad(expected, (q, k, v), cotangent)
+    actual = torch.compile(attention, backend="minductor")(q, k, v)
+    actual_grads = torch.autograd.grad(actual, (q, k, v), cotangent)
+    torch.testing.assert_close(actual, expected, **TOL)
+    for name, a, e in zip("qkv", actual_grads, expected_grads):
+        torch.testing.assert_close(a, e, **TOL, msg=lambda m, n=name: f"grad of {n}: {m}")
+    assert "aten._scaled_dot_product_flash_attention_for_cpu_backward" in metrics.fallback_ops
+
+
+def test_transformer_encoder_layer_gradients() -> None:
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
+    grads_match(layer, lambda: torch.randn(2, 16, 32), lambda y: y.square().mean())
+
+
 def test_inference_graph_saves_nothing() -> None:
     model = MLP()
     with torch.no_grad():
