@@ -350,3 +350,36 @@ def test_row_argmax_lanes_are_value_and_index_arrays(dtype: torch.dtype, tmp_pat
     if config.cpu_backend == "cpp":  # (the Triton backend's reductions are its own)
         code = "".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_fused_*.cpp"))
         assert "mi_arg_soa_update<" in code and "_i[mi_lane]" in code, code
+
+
+def test_reductions_over_size_one_dims() -> None:
+    # each output reduces one element: lowered as elementwise ops. The first once compiled to a
+    # kernel with an outer loop missing (a reduction node taken for a pointwise nest), found by
+    # group_norm's backward at 1 sample per channel group.
+    x, y, z = torch.randn(1, 6), torch.randn(1, 2), torch.randn(3, 1, 4) * 3
+    check_named({
+        "broadcast_sum": lambda x, y, z: (x.view(1, 2, 3) + y.view(1, 2, 1)).sum(0),
+        "argmax_argmin": lambda x, y, z: z.argmax(1) + x.argmin(0).sum(),
+        "amax_keepdim": lambda x, y, z: z.amax(1, keepdim=True) * 2,
+        "var": lambda x, y, z: z.var(1, correction=0) + z.var(1).nan_to_num(3.0),
+        "var_mean": lambda x, y, z: torch.stack(torch.var_mean(x, 0, correction=0)),
+        "any_all": lambda x, y, z: (z > 0).any(1) ^ (z > 1).all(1),
+        "prod_int": lambda x, y, z: z.int().prod(1),
+        "sum_bool": lambda x, y, z: (z > 0).sum(1),
+        "mean": lambda x, y, z: z.mean(1),
+        "zero_dim": lambda x, y, z: x[0, 0].sum() + x[0, 1].amax(),
+    }, x, y, z)
+
+
+def test_group_norm_backward_with_one_value_per_group_channel() -> None:
+    x = torch.randn(1, 6, 3, requires_grad=True)
+    weight, bias = torch.randn(6, requires_grad=True), torch.randn(6, requires_grad=True)
+
+    def norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.group_norm(x, 2, w, b, eps=0.5)
+
+    cotangent = torch.randn(1, 6, 3)
+    expected = torch.autograd.grad(norm(x, weight, bias), (x, weight, bias), cotangent)
+    actual = torch.autograd.grad(torch.compile(norm, backend="minductor")(x, weight, bias), (x, weight, bias), cotangent)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e)

@@ -56,6 +56,7 @@ from minductor.codegen.loop_shapes import (
     outer_lane_width,
     parallel_decision,
     planning_size,
+    pure_pointwise as is_pure_pointwise,
     split_and_merge_dims,
     vectorizes_outside,
     wide_lanes,
@@ -321,7 +322,7 @@ class CppKernel:
         loops = self.split_loops()
         all_exprs = [e for n in self.group.nodes for e in n.read_writes.index_exprs]
         outer_vars = make_vars("x", n_outer)
-        pure_pointwise = len(loops) == 1 and not loops[0].pw_inner and not loops[0].red
+        pure_pointwise = is_pure_pointwise(loops)
         merged_outer = (split_and_merge_dims if pure_pointwise else merge_dims)(outer_vars, outer, all_exprs, "x")
         # merged outer vars are renamed to avoid clashing with inner x-vars
         rename = {v: index_symbol(f"xo{i}") for i, v in enumerate(merged_outer.variables)}
@@ -360,7 +361,7 @@ class CppKernel:
 
     def emit_outer(self, code: CodeBuffer, outer: MergedDims, loops: list[Loop], parallel: bool) -> None:
         n = len(outer.variables)
-        pure_pointwise = len(loops) == 1 and not loops[0].pw_inner and not loops[0].red
+        pure_pointwise = is_pure_pointwise(loops)
         if pure_pointwise and not self.scatters and needs_2d_tiles(self.group, outer):
             emit_tiled_2d(self, code, outer, loops[0], parallel)
             return

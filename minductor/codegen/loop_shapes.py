@@ -80,6 +80,13 @@ class Loop:
         return tuple(self.pw_inner), tuple(self.red)
 
 
+def pure_pointwise(loops: Sequence[Loop]) -> bool:
+    """One loop nest of elementwise nodes only (a reduction over size-1 dims has no reduced
+    loop left, but still accumulates)."""
+    return (len(loops) == 1 and not loops[0].pw_inner and not loops[0].red
+            and not any(n.is_reduction() for n in loops[0].nodes))
+
+
 @dataclasses.dataclass
 class MergedDims:
     """Loop dims after merging contiguous ones: loop variables, sizes, and the substitution

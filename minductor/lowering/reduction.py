@@ -59,6 +59,8 @@ def make_reduction(
             value = ops.ne(value, ops.constant(0, compute_dtype(src_dtype)))
         return value
 
+    if all(s == 1 for s in reduction_ranges):  # one element each: elementwise, free to inline
+        return _single_element(x, inner_fn, ranges, reduction_type, dtype, output_index, len(reduced))
     node = Reduction(
         x.get_device(), dtype, inner_fn, ranges, origins=x.origins | {reduction_type},
         src_dtype=src_dtype, reduction_ranges=reduction_ranges, reduction_type=reduction_type,
@@ -67,6 +69,20 @@ def make_reduction(
     out = TensorBox.create(node)
     out.realize()
     return out
+
+
+def _single_element(x: TensorBox, inner_fn: Any, ranges: list[Expr], reduction_type: str, dtype: torch.dtype,
+                    output_index: int | None, n_reduced: int) -> TensorBox:
+    """A reduction over a single element: the element itself (its index 0 for argmax/argmin,
+    a deviation of 0 for Welford's m2)."""
+    zero = [sympy.Integer(0)] * n_reduced
+
+    def fn(index: Sequence[Expr]) -> Any:
+        if reduction_type in ("argmax", "argmin") or (reduction_type == "welford_reduce" and output_index == 1):
+            return ops.constant(0, dtype)
+        return ops.to_dtype(inner_fn(index, zero), dtype)
+
+    return TensorBox.create(Pointwise(x.get_device(), dtype, fn, ranges, origins=x.origins | {reduction_type}))
 
 
 def _empty_reduction(x: TensorBox, ranges: list[Expr], reduction_type: str, dtype: torch.dtype) -> TensorBox:
