@@ -94,6 +94,7 @@ def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]
         if kind == "inference":
             graph.direct_arity = direct_call.wrapper_free_arity(example_inputs)
         direct_call.note(graph)
+        graph.report_output_strides()
         return graph
 
     return compile_fn

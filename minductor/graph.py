@@ -39,6 +39,7 @@ class GraphLowering(torch.fx.Interpreter):
         self.callables: dict[str, Any] = {}  # Python callables extern nodes call (XLA kernels)
         self.graph_input_names: list[str] = []
         self.graph_outputs: list[IRNode | None] = []
+        self.saved_outputs = range(0)  # a forward graph's outputs that keep our layouts
         self.current_node: torch.fx.Node | None = None
         self._input_index = 0
         self.sizevars = SizeVars(example_inputs)
@@ -141,10 +142,11 @@ class GraphLowering(torch.fx.Interpreter):
 
     def output(self, target: str, args: Any, kwargs: Any) -> Any:
         outputs = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
-        self.graph_outputs = [self._realize_output(o, i) for i, o in enumerate(outputs)]
+        self.saved_outputs = self._saved_for_backward(len(outputs))
+        self.graph_outputs = [self._realize_output(o, i, i in self.saved_outputs) for i, o in enumerate(outputs)]
         return self.graph_outputs
 
-    def _realize_output(self, value: Any, i: int) -> IRNode | None:
+    def _realize_output(self, value: Any, i: int, saved: bool) -> IRNode | None:
         if not isinstance(value, IRNode):
             return value
         node = self.module.graph.find_nodes(op="output")[0].args[0]
@@ -153,14 +155,41 @@ class GraphLowering(torch.fx.Interpreter):
         if isinstance(value, TensorBox) and isinstance(value.data, StorageBox):
             value.data.realize()  # realize, but keep the layout open until strides are adopted
             if isinstance(value.data.data, Buffer) and not isinstance(value.data.data, InputBuffer):  # noqa: SIM102
-                if isinstance(meta, torch.Tensor):
+                if isinstance(meta, torch.Tensor) and not saved:
                     _adopt_strides(value.data.data, meta)
         out = realize_input(value)
+        if saved and _static_strides(out) is not None:
+            return out  # the backward is compiled for the strides we report (output_strides)
         if isinstance(meta, torch.Tensor) and _dense(meta) and not _same_strides(out, meta):
-            # AOT hands these strides to the backward graph (saved tensors) and to the
-            # user: when our layout differs, store a copy with eager's strides
+            # the user sees eager's strides: when our layout differs, store a copy with them
             out = _copy_with_strides(out, meta)
         return out
+
+    def _saved_for_backward(self, n_outputs: int) -> range:
+        """Indices of a forward graph's outputs that only its backward reads (saved tensors):
+        they keep our layouts (a convolution's channels-last output), which AOTAutograd hands
+        to the backward compiler when we report them."""
+        if getattr(self, "kind", "") != "forward":
+            return range(0)
+        context = torch._guards.TracingContext.try_get()
+        meta = getattr(context, "fw_metadata", None)
+        if meta is None or context.output_strides is None or meta.tokens:  # nobody to report our strides to
+            return range(0)  # (effect tokens: AOTAutograd's output indices skip them)
+        return range(n_outputs)[meta.tensors_saved_for_backwards_slice]
+
+    def output_strides(self) -> list[tuple[int, ...] | None] | None:
+        """Each output's strides as compiled (None: not a tensor, or symbolic); None for a graph
+        whose outputs all have eager's strides."""
+        if not self.saved_outputs:
+            return None
+        return [_static_strides(o) if isinstance(o, IRNode) else None for o in self.graph_outputs]
+
+
+def _static_strides(node: IRNode) -> tuple[int, ...] | None:
+    stride = node.get_stride() if hasattr(node, "get_stride") else None
+    if stride is None or not all(sympy.sympify(s).is_Integer for s in stride):
+        return None
+    return tuple(int(s) for s in stride)
 
 
 def _same_strides(out: IRNode, meta: torch.Tensor) -> bool:
@@ -300,21 +329,26 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
         constants = graph_cache.constants_of(gm, entry)
         call = entry.load(constants)
         log.info("minductor: loaded %s graph from the graph cache in %.3fs", kind, time.perf_counter() - t0)
-        return graph_cache.CompiledGraph(kind, call, entry, constants, _not_in_aot_cache(gm))
+        return graph_cache.CompiledGraph(kind, call, entry, constants, _not_in_aot_cache(gm),
+                                         output_strides=entry.output_strides)
     before = graph_cache.metrics_snapshot()
     result = _compile(gm, example_inputs, kind, dump)
     if result is None:
         return graph_cache.CompiledGraph.uncached(kind, _run_aten_graph(gm), "runs through aten")
     call, graph, module = result
     log.info("minductor: compiled %s graph in %.3fs", kind, time.perf_counter() - t0)
+    strides = graph.output_strides()
     if key is None:
-        return graph_cache.CompiledGraph.uncached(kind, call, "debug runs dump every stage")
+        return dataclasses.replace(graph_cache.CompiledGraph.uncached(kind, call, "debug runs dump every stage"),
+                                   output_strides=strides)
     if graph.callables:
-        return graph_cache.CompiledGraph.uncached(kind, call, "it calls Python callables (XLA computations)")
+        return dataclasses.replace(
+            graph_cache.CompiledGraph.uncached(kind, call, "it calls Python callables (XLA computations)"),
+            output_strides=strides)
     entry = graph_cache.CachedGraph(module.source, [dataclasses.asdict(k) for k in module.kernels],
-                                    graph.constant_targets, graph_cache.metrics_since(before))
+                                    graph.constant_targets, graph_cache.metrics_since(before), strides)
     graph_cache.save(key, entry)
-    return graph_cache.CompiledGraph(kind, call, entry, dict(graph.constants), _not_in_aot_cache(gm))
+    return graph_cache.CompiledGraph(kind, call, entry, dict(graph.constants), _not_in_aot_cache(gm), output_strides=strides)
 
 
 def _not_in_aot_cache(gm: torch.fx.GraphModule) -> str:

@@ -38,7 +38,7 @@ from torch._inductor.output_code import OutputCode
 
 from minductor import config, direct_call, metrics
 
-FORMAT = 2
+FORMAT = 3
 # flags that change where things go or how fast, never what is generated
 _NOT_KEYED = frozenset({"debug", "debug_dir", "cache_dir", "compile_threads", "aot_cache"})
 _COUNTERS = ("graphs_compiled", "generated_kernel_count", "buffers_allocated", "buffers_reused")
@@ -50,6 +50,7 @@ class CachedGraph:
     kernels: list[dict[str, Any]]  # its KernelCode fields, kernel by kernel
     constants: dict[str, str]  # wrapper name -> the graph module attribute it binds
     metrics: dict[str, Any]  # what compiling the graph added to minductor.metrics
+    output_strides: list[list[int] | None] | None = None  # CompiledGraph.output_strides
 
     def load(self, constants: dict[str, Any]) -> Callable[[list[Any]], Any]:
         """The graph's ``call``, its constants bound; counts as a hit in ``minductor.metrics``."""
@@ -84,6 +85,10 @@ class CompiledGraph(OutputCode):
     # inference graphs: the argument count when AOTAutograd's runtime wrapper would add
     # nothing around the graph, so Dynamo may call it directly (direct_call.py)
     direct_arity: int | None = None
+    # each output's strides as compiled (None: not a tensor or not static). A forward graph's
+    # saved tensors may differ from eager's (channels-last activations): AOTAutograd compiles
+    # the backward for these strides when the forward compiler reports them
+    output_strides: list[Any] | None = None
 
     @classmethod
     def uncached(cls, kind: str, call: Callable[[list[Any]], Any], reason: str) -> CompiledGraph:
@@ -108,6 +113,15 @@ class CompiledGraph(OutputCode):
             assert self.entry is not None
             self.call = self.entry.load(self.constants)
         direct_call.note(self)
+        self.report_output_strides()
+
+    def report_output_strides(self) -> None:
+        """Tell AOTAutograd the strides of a forward graph's outputs (TracingContext's list,
+        which it sets up around the forward compiler and reads for the backward's inputs)."""
+        context = torch._guards.TracingContext.try_get()
+        if (self.kind == "forward" and self.output_strides is not None and context is not None
+                and context.output_strides is not None and not context.output_strides):
+            context.output_strides.extend(tuple(s) if s is not None else None for s in self.output_strides)
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         pass  # Triton kernels are in the entry's source
@@ -192,7 +206,7 @@ def load(key: str) -> CachedGraph | None:
         data = json.loads(_path(key).read_text())
     except (OSError, ValueError):
         return None
-    return CachedGraph(data["source"], data["kernels"], data["constants"], data["metrics"])
+    return CachedGraph(data["source"], data["kernels"], data["constants"], data["metrics"], data["output_strides"])
 
 
 def save(key: str, entry: CachedGraph) -> None:

@@ -71,21 +71,42 @@ def test_conv_output_returned_with_eager_strides(tmp_path: Path) -> None:
     _compile(lambda x: conv(x) * 2, torch.randn(1, 3, 10, 10), tmp_path=tmp_path)
 
 
-def test_training_graphs_keep_eager_layouts(tmp_path: Path) -> None:
+class ConvReturned(ConvBlock):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn(self.c1(x)))
+        return y, self.c2(y).mean((2, 3))
+
+
+def _saved_strides(code: str) -> list[tuple[int, ...]]:
+    """Strides a backward wrapper asserts for its 4-D inputs."""
+    found = re.findall(r"assert_size_stride\((\w+), \(\d+, \d+, \d+, \d+\), \((\d+), (\d+), (\d+), (\d+)\)", code)
+    return [tuple(int(s) for s in strides) for _, *strides in found]
+
+
+def test_training_graphs_run_convolutions_channels_last(tmp_path: Path) -> None:
+    """The forward keeps its channels-last activations for the backward (AOTAutograd compiles
+    the backward for the strides the forward reports); what the user sees has eager's
+    strides; the convolution backward gets channels-last output gradients (no aten copy)."""
     torch.manual_seed(0)
-    model = ConvBlock().train()
+    model = ConvReturned().train()
     x = torch.randn(2, 3, 12, 12)
-    model(x).sum().backward()
+    y, pooled = model(x)
+    (y.square().mean() + pooled.sum()).backward()
     expected = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     with config.patch(debug=True, debug_dir=str(tmp_path)):
-        torch.compile(model, backend="minductor")(x).sum().backward()
+        y2, pooled2 = torch.compile(model, backend="minductor")(x)
+        torch.testing.assert_close(y2, y, rtol=1e-4, atol=1e-4, check_stride=True)  # NCHW, as eager
+        with torch.profiler.profile() as prof:
+            (y2.square().mean() + pooled2.sum()).backward()
     for p, g in zip(model.parameters(), expected):
         torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-4)
-    forward = next(tmp_path.glob("graph_*_forward/output_code.py")).read_text()
-    outputs = re.findall(r"assert_size_stride\(buf\w+, \((\d+), (\d+), (\d+), (\d+)\), \((\d+), (\d+), (\d+), (\d+)\)", forward)
-    assert len(outputs) == 2, forward
-    assert all(stride[-1] == "1" for *_, stride in [(o[:4], o[4:]) for o in outputs]), forward  # NCHW
+    backward = next(tmp_path.glob("graph_*_backward/output_code.py")).read_text()
+    saved = _saved_strides(backward)
+    assert any(s[1] == 1 for s in saved), backward  # channels-last activations from the forward
+    copies = [e for e in prof.events() if e.name == "aten::copy_" and e.cpu_parent is not None
+              and e.cpu_parent.name == "aten::convolution_backward"]
+    assert not copies, [e.cpu_parent.name for e in copies]
 
 
 @pytest.mark.parametrize("shape", [(2, 16, 9, 7), (1, 3, 32, 32)])
@@ -136,3 +157,4 @@ def test_few_channels_vectorize_along_pixels(tmp_path: Path, shape: tuple[int, .
     simd_loop = kernel[kernel.index("#pragma omp simd"):]
     channels = f"< {shape[1]}; "
     assert channels not in simd_loop.splitlines()[1] and channels in simd_loop.splitlines()[3]
+

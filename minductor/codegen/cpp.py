@@ -145,7 +145,7 @@ class CppKernel:
         if self.masks:  # masked-off lanes read element 0: the load may run unconditionally
             access = f"{arg}[{_masked_index(' && '.join(self.masks), self.index_str(index), index)}]"
         if self.stage is not None and self.mask_depth == 0:
-            access = self.stage.maybe_stage(self, arg, dtype, index) or access
+            access = (self.stage.maybe_stage(self, arg, dtype, index) if name not in self.group.write_names() else None) or access
         elif not self.masks:
             self.body_loads.append((arg, sympy.expand(sympy.sympify(index).xreplace(self.substitution)), dtype))
         if dtype == torch.float16:

@@ -18,7 +18,7 @@ from minductor.codegen.loop_shapes import STAGE_BYTES, STAGED_COLS, STAGED_ROWS,
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.runtime.cache import gathers_enabled
 from minductor.scheduler.deps import MemoryDep
-from minductor.scheduler.fusion import transposed_access
+from minductor.scheduler.fusion import tile_sizes, transposed_access
 from minductor.scheduler.nodes import FusedGroup
 from minductor.virtualized import V
 
@@ -34,7 +34,7 @@ def needs_2d_tiles(group: FusedGroup, outer: MergedDims) -> bool:
     if len(outer.variables) < 2:
         return False
     # the tiles' partial edges handle any run-time size
-    if min(planning_size(s, 2 * TILE) for s in outer.sizes[-2:]) < 2 * TILE:
+    if not tile_sizes(*outer.sizes[-2:]):
         return False
     deps = [dep for node in group.nodes for dep in node.read_writes.reads | node.read_writes.writes]
     return transposed_access(deps, outer.variables[-1], outer.variables[-2], outer.substitution)
@@ -169,7 +169,9 @@ class StagedTile:
     Full 16x16 blocks of 4-byte values are transposed in registers (``mi_transpose16``): x.t()
     + y at 4096 ran 19.3 ms with strided (gather) loads, 14.1 ms staged by a scalar copy, 5.5 ms
     so (16x16 stages then; a STREAM add of the same bytes: 4.6 ms). Other dtypes are staged by
-    a scalar copy, and only where the compiler emits no gathers."""
+    a scalar copy, and only where the compiler emits no gathers. A buffer the kernel itself
+    writes is never staged (the staging would read it before the tile computed it): a later
+    node reads it back where its own iteration stored it."""
 
     MAX_STAGES = 4
 

@@ -159,10 +159,27 @@ def convolution(x: TensorBox, weight: TensorBox, bias: Any, stride: Any, padding
     return TensorBox.create(node)
 
 
+@register_lowering(aten.convolution_backward)
+def convolution_backward(grad_output: TensorBox, x: TensorBox, weight: TensorBox, *args: Any) -> Any:
+    """aten's, with the output's gradient stored channels-last when the forward ran so (its
+    saved input is channels-last): oneDNN would otherwise reorder it with an aten copy, where
+    ours fuses into the kernel that computes it."""
+    transposed = args[4]
+    if _channels_last_conv(x, transposed) and _is_channels_last(x):
+        grad_output = require_channels_last(grad_output)
+    return fallback(aten.convolution_backward.default, (grad_output, x, weight, *args), {},
+                    V.graph.current_node.meta["val"])
+
+
+def _is_channels_last(x: TensorBox) -> bool:
+    layout = getattr(realize_input(x), "layout", None)
+    return isinstance(layout, FixedLayout) and is_channels_last(layout)
+
+
 def _channels_last_conv(x: TensorBox, transposed: bool) -> bool:
     graph = V.graph
-    return (getattr(graph, "kind", "") == "inference" and x.get_device().type == "cpu" and len(x.get_size()) == 4
-            and not transposed and x.get_dtype() in (torch.float32, torch.bfloat16)
+    return (getattr(graph, "kind", "") in ("inference", "forward", "backward") and x.get_device().type == "cpu"
+            and len(x.get_size()) == 4 and not transposed and x.get_dtype() in (torch.float32, torch.bfloat16)
             and all(sympy.sympify(s).is_Integer for s in x.get_size()) and torch.backends.mkldnn.is_available())
 
 
