@@ -17,7 +17,7 @@ from minductor.ir.layout import FixedLayout, as_exprs
 from minductor.ir.nodes import Buffer, InputBuffer, IRNode, StorageBox, TensorBox
 from minductor.ir.views import ReinterpretView, realize_input
 from minductor.lowering import SUPPORTED_DTYPES, Unsupported
-from minductor.lowering.extern import fallback
+from minductor.lowering.extern import fallback, tangent_in_saved_layout
 from minductor.lowering.registry import lowering_for
 from minductor.sizevars import SizeVars, to_expr
 from minductor.virtualized import V
@@ -124,6 +124,8 @@ class GraphLowering(torch.fx.Interpreter):
                              tuple(to_expr(s) for s in example.stride()))
         buf = InputBuffer(name=name, layout=layout)
         self.graph_inputs[name] = buf
+        if getattr(self, "kind", "") == "backward" and name.startswith("tangents"):
+            return tangent_in_saved_layout(TensorBox(StorageBox(buf)), example, self.example_inputs)
         return TensorBox(StorageBox(buf))
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:

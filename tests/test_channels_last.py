@@ -104,6 +104,10 @@ def test_training_graphs_run_convolutions_channels_last(tmp_path: Path) -> None:
     backward = next(tmp_path.glob("graph_*_backward/output_code.py")).read_text()
     saved = _saved_strides(backward)
     assert any(s[1] == 1 for s in saved), backward  # channels-last activations from the forward
+    # the user's NCHW gradient of y is copied channels-last first, the layout of the saved
+    # activations the batch norm backward reduces it with
+    copy = re.search(r"(buf\d+) = empty_strided\(\(2, 16, 12, 12\), \(2304, 1, 192, 16\).*\n.*cpp_\w+\(tangents_1\.data_ptr\(\), \1\.data_ptr\(\)\)", backward)
+    assert copy, backward
     copies = [e for e in prof.events() if e.name == "aten::copy_" and e.cpu_parent is not None
               and e.cpu_parent.name == "aten::convolution_backward"]
     assert not copies, [e.cpu_parent.name for e in copies]

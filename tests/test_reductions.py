@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from conftest import LAYOUT_NAMES, check, check_named, make
 
+from minductor import config
+
 # every test runs with the C++ and the Triton (interpreter) code generator
 pytestmark = pytest.mark.usefixtures("cpu_backend")
 
@@ -383,3 +385,18 @@ def test_group_norm_backward_with_one_value_per_group_channel() -> None:
     actual = torch.autograd.grad(torch.compile(norm, backend="minductor")(x, weight, bias), (x, weight, bias), cotangent)
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a, e)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_batch_norm_statistics_take_two_passes(tmp_path, layout: str, dtype: torch.dtype) -> None:
+    # an input that fits the last-level cache: a sum, then the sum of squared deviations (read
+    # back from cache), not Welford's lanes (a division per element)
+    x = torch.randn(4, 24, 9, 11, dtype=dtype) * 3 + 50
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        got = torch.compile(lambda t: torch.var_mean(t, (0, 2, 3), correction=0), backend="minductor")(x)
+    torch.testing.assert_close(got, torch.var_mean(x, (0, 2, 3), correction=0))
+    code = next(tmp_path.glob("graph_*/output_code.py")).read_text()
+    assert "welford_reduce" not in code, code  # (the reduction type names the kernels)

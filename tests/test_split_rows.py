@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from minductor import config
+from minductor.lowering import reduction
 
 
 def compiled(fn, *args, tmp_path):
@@ -31,8 +32,10 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("shape", [(600, 70), (1031, 4099)], ids=["narrow", "wide"])
-def test_split_rows_match_eager(tmp_path, name: str, shape: tuple[int, int]) -> None:
+def test_split_rows_match_eager(tmp_path, monkeypatch, name: str, shape: tuple[int, int]) -> None:
     fn, dtype = CASES[name]
+    if name == "var":  # Welford's lanes (inputs above the last-level cache; smaller ones take two passes)
+        monkeypatch.setattr(reduction, "TWO_PASS_MAX_BYTES", 0)
     if name == "mean_3d":
         shape = (shape[0], 3, shape[1] // 3)
     x = torch.randn(shape, dtype=torch.float64).mul(50).to(dtype) if dtype == torch.int32 else torch.randn(shape, dtype=dtype)

@@ -209,9 +209,16 @@ def all_(x: TensorBox, dims: Any = None, keepdim: bool = False) -> TensorBox:
 # generated kernels via ctypes, interleaved: layer_norm of 1024x256 63-69 -> 35-40 us (eager
 # 75-96). The variance is closer to float64's too: x.var(1) of 64x300 values around 1e4 was off
 # by 3.6e-4 with Welford, 1.7e-6 so. A third pass over long rows costs more than the chain:
-# layer_norm(x + r) of 4096x4096 ran 6.4-6.9 ms with Welford, 7.9-8.4 so. Longer rows, columns
-# (read twice from memory), symbolic counts and half types (the mean would round) keep Welford.
+# layer_norm(x + r) of 4096x4096 ran 6.4-6.9 ms with Welford, 7.9-8.4 so. Longer rows, symbolic
+# counts and half types (the mean would round) keep Welford.
 TWO_PASS_MAX = 2048
+# Other reductions (columns: batch_norm's statistics over N, H, W) take two passes too when the
+# input fits the last-level cache, where the second pass reads it back: Welford's lanes over
+# columns cost a division per element. On the Zen 5 VM (2 threads, 32 MB L3), compiled
+# var_mean(x, (0, 2, 3)), interleaved: 8x64x32x32 channels-last 208 -> 44 us, NCHW 185 -> 36 us;
+# 32x64x56x56 (25.7 MB) channels-last 2.40 -> 0.69 ms, NCHW 2.55 -> 0.37 ms. From memory twice
+# is slower: x.var(0) of 4096x4096 (64 MB) 2.58 ms with Welford, 3.93 with two passes.
+TWO_PASS_MAX_BYTES = 32 << 20
 
 
 def _welford(x: TensorBox, dims: Any, keepdim: bool) -> tuple[TensorBox, TensorBox, Expr]:
@@ -223,7 +230,10 @@ def _welford(x: TensorBox, dims: Any, keepdim: bool) -> tuple[TensorBox, TensorB
     reduced = _dims(dims, len(size))
     count = sympy.Mul(*[size[d] for d in reduced]) if size else sympy.Integer(1)
     trailing = reduced == list(range(len(size) - len(reduced), len(size)))  # rows, not columns
-    if dtype in (torch.float32, torch.float64) and trailing and count.is_Integer and 1 < int(count) <= TWO_PASS_MAX:
+    nbytes = sympy.Mul(*size) * dtype.itemsize
+    cached = not trailing and nbytes.is_Integer and int(nbytes) <= TWO_PASS_MAX_BYTES
+    if dtype in (torch.float32, torch.float64) and count.is_Integer and 1 < int(count) and (
+            (trailing and int(count) <= TWO_PASS_MAX) or cached):
         mean_kept = div(make_reduction(x, dims, True, "sum", dtype), float(count))
         deviation = sub(x, mean_kept)
         m2 = make_reduction(mul(deviation, deviation), dims, keepdim, "sum", dtype)
