@@ -103,6 +103,8 @@ def bench_memory(size: int = 2048) -> None:
     cases = [(name, fn, make()) for name, (fn, make) in make_workloads(size).items()]
     mlp = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.LayerNorm(1024), torch.nn.Linear(1024, 256))
     cases.append(("mlp_train_step", lambda x: mlp(x).square().mean().backward(), (torch.randn(1024, 256),)))
+    block = ResBlock()
+    cases.append(("resnet_block_train_step", lambda x: block(x).square().mean().backward(), (torch.randn(8, 64, 32, 32),)))
     for name, fn, args in cases:
         grad = name.endswith("train_step")
         with torch.set_grad_enabled(grad):
@@ -112,6 +114,18 @@ def bench_memory(size: int = 2048) -> None:
         rows.append((name, f"{eager / 1e6:.1f}", f"{pooled / 1e6:.1f} ({pooled / eager:.2f}x)",
                      f"{plain / 1e6:.1f} ({plain / eager:.2f}x)"))
         print(" | ".join(rows[-1]), flush=True)
+
+
+class ResBlock(torch.nn.Module):
+    """A ResNet basic block: 3x3 convolution, batch norm, ReLU, twice, and the residual."""
+
+    def __init__(self, channels: int = 64) -> None:
+        super().__init__()
+        conv = lambda: torch.nn.Conv2d(channels, channels, 3, padding=1, bias=False)  # noqa: E731
+        self.c1, self.b1, self.c2, self.b2 = conv(), torch.nn.BatchNorm2d(channels), conv(), torch.nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.b2(self.c2(torch.relu(self.b1(self.c1(x))))))
 
 
 def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
@@ -128,7 +142,8 @@ def bench_training(with_inductor: bool) -> None:
 
     print("== training step (forward + backward + SGD with momentum; interleaved rounds, medians)")
     mlp = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.LayerNorm(1024), torch.nn.Linear(1024, 256))
-    cases = [("mlp", mlp, torch.randn(256, 256)), ("transformer_block", Block(), torch.randn(8, 128, 256))]
+    cases = [("mlp", mlp, torch.randn(256, 256)), ("transformer_block", Block(), torch.randn(8, 128, 256)),
+             ("resnet_block", ResBlock(), torch.randn(8, 64, 32, 32))]
     for name, model, x in cases:
         variants = [("eager", None), ("minductor", {"backend": "minductor"}),
                     ("minductor_dynamic", {"backend": "minductor", "dynamic": True})]

@@ -221,6 +221,12 @@ def _sym_stride(x: IRNode, dim: int) -> sympy.Expr:
     return realize_input(x).get_stride()[dim]
 
 
+def _truediv(a: Any, b: Any) -> Any:
+    """A symbolic float, kept exact (``s0*s1/64``): a kernel computes it as a division of
+    its numerator and denominator (``registry.scalar_loader``)."""
+    return sympy.sympify(a) / sympy.sympify(b)
+
+
 def _floordiv(a: Any, b: Any) -> Any:
     from minductor.ir.indexing import FloorDiv
 
@@ -238,8 +244,12 @@ SYMBOLIC_OPS: dict[Any, Callable[..., Any]] = {
     operator.sub: operator.sub,
     operator.mul: operator.mul,
     operator.floordiv: _floordiv,
+    operator.truediv: _truediv,
     operator.neg: operator.neg,
+    torch.sym_float: sympy.sympify,
 }
+# symbolic floats these nodes make from sizes (batch_norm's count / channels) are supported
+_SYMBOLIC_FLOAT_OPS = frozenset({operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, torch.sym_float})
 
 
 def _adopt_strides(buf: Buffer, meta: torch.Tensor) -> None:
@@ -299,11 +309,17 @@ def unsupported_reason(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
                 return f"in-graph mutation by {node.target}"
         val = node.meta.get("val")
         for v in torch.utils._pytree.tree_leaves(val):
+            if isinstance(v, torch.SymFloat) and node.target in _SYMBOLIC_FLOAT_OPS and not _unbacked_expr(v):
+                continue
             if isinstance(v, (torch.SymFloat, torch.SymBool)) or _unbacked(v):
                 return f"data-dependent value produced by {node.format_node()}"
             if isinstance(v, torch.Tensor) and any(_unbacked(s) for s in v.shape):
                 return f"data-dependent shape produced by {node.format_node()}"
     return None
+
+
+def _unbacked_expr(v: Any) -> bool:
+    return any(str(s).startswith("u") for s in v.node.expr.free_symbols)
 
 
 def _unbacked(v: Any) -> bool:

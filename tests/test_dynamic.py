@@ -101,6 +101,25 @@ def test_training_step_dynamic_batch() -> None:
     assert metrics.graphs_compiled == 2  # forward and backward, once each
 
 
+def test_batch_norm_training_with_symbolic_sizes_compiles() -> None:
+    # the running variance's correction n / (n - 1), n the symbolic count per channel, is a
+    # symbolic float: once a reason to run both graphs through aten
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="minductor", dynamic=True)
+    for batch in [2, 5, 9]:
+        x = torch.randn(batch, 3, 10, 10)
+        torch.testing.assert_close(compiled(x), eager(x), rtol=1e-4, atol=1e-5)
+        eager(x).square().mean().backward()
+        compiled(x).square().mean().backward()
+    for p, q in zip(eager.parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+    for a, b in zip(eager[1].buffers(), model[1].buffers()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    assert metrics.graphs_compiled == 2  # forward and backward, once each, through our kernels
+
+
 @pytest.mark.parametrize("heads", [4, None], ids=["static_heads", "symbolic_heads"])
 def test_reshape_of_symbolic_dims_is_a_view(heads) -> None:
     """Merging symbolic dims of a contiguous buffer ((b, h, t, d) -> (b*h, t, d), as attention

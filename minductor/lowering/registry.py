@@ -171,6 +171,10 @@ def device_of(args: Sequence[Any]) -> torch.device:
 
 def scalar_loader(value: Any, dtype: torch.dtype) -> Callable[[Sequence[Expr]], Any]:
     if isinstance(value, sympy.Expr) and not value.is_number:
+        exact = value.xreplace({f: sympy.nsimplify(f, rational=True) for f in value.atoms(sympy.Float)})
+        numerator, denominator = sympy.fraction(sympy.together(exact))
+        if denominator != 1:  # a symbolic float (sizes divided): its division in the kernel
+            return lambda index: ops.truediv(ops.index_expr(numerator, dtype), ops.index_expr(denominator, dtype))
         return lambda index: ops.index_expr(value, dtype)  # a symbolic size used as a value
     if dtype == torch.bool:
         value = bool(value)
