@@ -97,27 +97,41 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
     return [leaf for leaf in pytree.tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
 
 
-def check_sample(op: Any, sample: Any) -> str | None:
-    """None if the compiled op matches eager on ``sample`` (or eager itself raises):
-    results, and the arguments afterwards (for ops that write into them)."""
-    key = op_key(op)
+def run_both(op: Any, sample: Any, run: Callable[[Callable[..., Any], Any], Any],
+             skip: Callable[[Any], bool] = lambda expected: False) -> Any:
+    """``run(fn, args)`` with eager's op and with the compiled one, each on its own copy of the
+    sample: (expected, actual, eager's args, compiled args); None when eager rejects the sample
+    (or ``skip(expected)``), a message when the compiled run raises."""
     fn = _call(op)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         eager_args, compiled_args = _clone(sample), _clone(sample)
         torch.manual_seed(0)
         try:
-            expected = fn(*eager_args)
+            expected = run(fn, eager_args)
         except Exception:  # noqa: BLE001
             return None  # a sample eager rejects says nothing about us
+        if skip(expected):
+            return None
         torch._dynamo.reset()
         compiled = torch.compile(fn, backend="minductor", dynamic=False)
         torch.manual_seed(0)
         try:
             with config.patch(fallback_random=True):
-                actual = compiled(*compiled_args)
+                actual = run(compiled, compiled_args)
         except Exception as e:  # noqa: BLE001 - every failure is reported with its type
             return f"{type(e).__name__}: {_first_line(str(e))}"
+    return expected, actual, eager_args, compiled_args
+
+
+def check_sample(op: Any, sample: Any) -> str | None:
+    """None if the compiled op matches eager on ``sample`` (or eager itself raises):
+    results, and the arguments afterwards (for ops that write into them)."""
+    key = op_key(op)
+    result = run_both(op, sample, lambda fn, args: fn(*args))
+    if not isinstance(result, tuple):
+        return result
+    expected, actual, eager_args, compiled_args = result
     try:
         _compare(key, actual, expected)
         _compare(key, _tensors(compiled_args), _tensors(eager_args))

@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import sys
 import time
-import warnings
 from typing import Any
 
 import pytest
 import torch
 import torch.utils._pytree as pytree
 
-from minductor import config
 
 pytest.importorskip("expecttest", reason="the OpInfo database imports expecttest")
-from test_opinfo import DTYPE, UNDEFINED_VALUES, _call, _clone, _first_line, op_key  # noqa: E402
+from test_opinfo import DTYPE, UNDEFINED_VALUES, _first_line, op_key, run_both  # noqa: E402
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 
 # op name -> why its gradient fails. Reviewed: each entry names the cause.
@@ -54,25 +52,10 @@ def _gradients(fn: Any, args: Any) -> tuple[torch.Tensor | None, ...] | None:
 
 def check_grad_sample(op: Any, sample: Any) -> str | None:
     """None if the compiled op's gradients match eager's on ``sample`` (or eager raises)."""
-    fn = _call(op)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        eager_args, compiled_args = _clone(sample), _clone(sample)
-        torch.manual_seed(0)
-        try:
-            expected = _gradients(fn, eager_args)
-        except Exception:  # noqa: BLE001
-            return None  # a sample eager rejects says nothing about us
-        if expected is None:
-            return None
-        torch._dynamo.reset()
-        compiled = torch.compile(fn, backend="minductor", dynamic=False)
-        torch.manual_seed(0)
-        try:
-            with config.patch(fallback_random=True):
-                actual = _gradients(compiled, compiled_args)
-        except Exception as e:  # noqa: BLE001 - every failure is reported with its type
-            return f"{type(e).__name__}: {_first_line(str(e))}"
+    result = run_both(op, sample, _gradients, skip=lambda expected: expected is None)
+    if not isinstance(result, tuple):
+        return result
+    expected, actual, _, _ = result
     try:
         assert actual is not None, "the compiled op gave no differentiable output"
         for i, (a, e) in enumerate(zip(actual, expected)):
