@@ -214,12 +214,16 @@ def tangent_in_saved_layout(box: TensorBox, example: torch.Tensor, inputs: list[
     training step: that kernel took 1.15 ms; copy and sums ~0.1 ms)."""
     cl = torch.channels_last
     if (example.dim() != 4 or example.device.type != "cpu" or example.dtype not in (torch.float32, torch.bfloat16)
-            or not example.is_contiguous() or example.is_contiguous(memory_format=cl)):
-        return box
-    if any(isinstance(t, torch.Tensor) and t.shape == example.shape and t.is_contiguous(memory_format=cl)
+            or not _static(example) or not example.is_contiguous() or example.is_contiguous(memory_format=cl)):
+        return box  # (convolutions run channels-last at static sizes only; no guards on symbolic ones)
+    if any(isinstance(t, torch.Tensor) and _static(t) and t.shape == example.shape and t.is_contiguous(memory_format=cl)
            and not t.is_contiguous() for t in inputs):
         return require_channels_last(box)
     return box
+
+
+def _static(t: torch.Tensor) -> bool:
+    return not any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride()))
 
 
 def fallback(op: Any, args: Any, kwargs: Any, val: Any) -> Any:
