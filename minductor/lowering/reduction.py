@@ -12,6 +12,7 @@ from minductor.ir.ops import ops
 from minductor.lowering.pointwise import div, mul, sub
 from minductor.lowering.registry import Unsupported, aten, register_lowering, to_dtype
 from minductor.lowering.views import view
+from minductor.virtualized import V
 
 Expr = sympy.Expr
 
@@ -230,11 +231,11 @@ def _welford(x: TensorBox, dims: Any, keepdim: bool) -> tuple[TensorBox, TensorB
     reduced = _dims(dims, len(size))
     count = sympy.Mul(*[size[d] for d in reduced]) if size else sympy.Integer(1)
     trailing = reduced == list(range(len(size) - len(reduced), len(size)))  # rows, not columns
-    nbytes = sympy.Mul(*size) * dtype.itemsize
-    cached = not trailing and nbytes.is_Integer and int(nbytes) <= TWO_PASS_MAX_BYTES
-    if dtype in (torch.float32, torch.float64) and count.is_Integer and 1 < int(count) and (
-            (trailing and int(count) <= TWO_PASS_MAX) or cached):
-        mean_kept = div(make_reduction(x, dims, True, "sum", dtype), float(count))
+    rows = trailing and count.is_Integer and 1 < int(count) <= TWO_PASS_MAX
+    # (a symbolic size at its hint: dynamic batch norm statistics take two passes too)
+    cached = not trailing and V.graph.sizevars.hint(sympy.Mul(*size) * dtype.itemsize) <= TWO_PASS_MAX_BYTES
+    if dtype in (torch.float32, torch.float64) and (rows or cached):
+        mean_kept = div(make_reduction(x, dims, True, "sum", dtype), float(count) if count.is_Integer else count)
         deviation = sub(x, mean_kept)
         m2 = make_reduction(mul(deviation, deviation), dims, keepdim, "sum", dtype)
         mean_ = mean_kept if keepdim else view(mean_kept, [size[i] for i in range(len(size)) if i not in reduced])
