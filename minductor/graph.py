@@ -357,12 +357,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
     log.info("minductor: compiled %s graph in %.3fs", kind, time.perf_counter() - t0)
     strides = graph.output_strides()
     if key is None:
-        return dataclasses.replace(graph_cache.CompiledGraph.uncached(kind, call, "debug runs dump every stage"),
-                                   output_strides=strides)
+        return graph_cache.CompiledGraph.uncached(kind, call, "debug runs dump every stage", strides)
     if graph.callables:
-        return dataclasses.replace(
-            graph_cache.CompiledGraph.uncached(kind, call, "it calls Python callables (XLA computations)"),
-            output_strides=strides)
+        return graph_cache.CompiledGraph.uncached(kind, call, "it calls Python callables (XLA computations)", strides)
     entry = graph_cache.CachedGraph(module.source, [dataclasses.asdict(k) for k in module.kernels],
                                     graph.constant_targets, graph_cache.metrics_since(before), strides)
     graph_cache.save(key, entry)

@@ -91,8 +91,9 @@ class CompiledGraph(OutputCode):
     output_strides: list[Any] | None = None
 
     @classmethod
-    def uncached(cls, kind: str, call: Callable[[list[Any]], Any], reason: str) -> CompiledGraph:
-        return cls(kind, call, None, {}, reason)
+    def uncached(cls, kind: str, call: Callable[[list[Any]], Any], reason: str,
+                 output_strides: list[Any] | None = None) -> CompiledGraph:
+        return cls(kind, call, None, {}, reason, output_strides=output_strides)
 
     def __post_init__(self) -> None:
         # AOTAutograd passes the argument list itself; an instance attribute, so the wrapper

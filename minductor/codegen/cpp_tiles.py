@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import sympy
@@ -14,11 +15,12 @@ from minductor import config
 from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index
 from minductor.codegen.cpp_ops import CppOps
 from minductor.codegen.cpp_stream import emit_streamed_loop, fence_parallel_region, simd_loop
-from minductor.codegen.loop_shapes import STAGE_BYTES, STAGED_COLS, STAGED_ROWS, TILE, Loop, MergedDims, planning_size
+from minductor.codegen.loop_shapes import (
+    STAGE_BYTES, STAGED_COLS, STAGED_ROWS, TILE, Loop, MergedDims, planning_size, tile_sizes,
+)
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.runtime.cache import gathers_enabled
 from minductor.scheduler.deps import MemoryDep
-from minductor.scheduler.fusion import tile_sizes, transposed_access
 from minductor.scheduler.nodes import FusedGroup
 from minductor.virtualized import V
 
@@ -26,6 +28,24 @@ if TYPE_CHECKING:
     from minductor.codegen.cpp import CppKernel
 
 Expr = sympy.Expr
+
+
+def _transposed_access(deps: Iterable[MemoryDep], inner: sympy.Symbol, second: sympy.Symbol,
+                       substitution: dict[sympy.Symbol, Expr] | None = None) -> bool:
+    """Whether some access in ``deps`` is contiguous along the innermost loop ``inner`` while
+    another is contiguous along the second-innermost ``second`` (a transpose). ``substitution``
+    first rewrites the indices into those loops' variables. A read constant along ``inner``
+    (an index vector, a row bias) is a broadcast, not a transpose (index_select's indices
+    made 64x64 tiles of a row copy)."""
+    along_inner = along_second = False
+    for dep in deps:
+        if not isinstance(dep, MemoryDep):
+            continue
+        coeffs = affine_coeffs(dep.index.xreplace(substitution) if substitution else dep.index, [inner, second])
+        if coeffs is not None:
+            along_inner |= coeffs[inner] == 1
+            along_second |= coeffs[second] == 1 and coeffs[inner] not in (0, 1)
+    return along_inner and along_second
 
 
 def needs_2d_tiles(group: FusedGroup, outer: MergedDims) -> bool:
@@ -37,7 +57,7 @@ def needs_2d_tiles(group: FusedGroup, outer: MergedDims) -> bool:
     if not tile_sizes(*outer.sizes[-2:]):
         return False
     deps = [dep for node in group.nodes for dep in node.read_writes.reads | node.read_writes.writes]
-    return transposed_access(deps, outer.variables[-1], outer.variables[-2], outer.substitution)
+    return _transposed_access(deps, outer.variables[-1], outer.variables[-2], outer.substitution)
 
 
 def _store_contiguous_along(outer: MergedDims, var: sympy.Symbol, loop: Loop) -> bool:

@@ -22,7 +22,7 @@ from minductor.ir.nodes import (
     TensorBox,
 )
 from minductor.ir.views import contiguous_copy, realize_input
-from minductor.lowering.registry import aten, register_lowering
+from minductor.lowering.registry import aten, register_lowering, stored_in
 from minductor.runtime.helpers import mm_onednn
 from minductor.sizevars import to_expr
 from minductor.virtualized import V
@@ -165,21 +165,15 @@ def convolution_backward(grad_output: TensorBox, x: TensorBox, weight: TensorBox
     saved input is channels-last): oneDNN would otherwise reorder it with an aten copy, where
     ours fuses into the kernel that computes it."""
     transposed = args[4]
-    if _channels_last_conv(x, transposed) and _is_channels_last(x):
+    if _channels_last_conv(x, transposed) and stored_in(x) is not None:
         grad_output = require_channels_last(grad_output)
     return fallback(aten.convolution_backward.default, (grad_output, x, weight, *args), {},
                     V.graph.current_node.meta["val"])
 
 
-def _is_channels_last(x: TensorBox) -> bool:
-    layout = getattr(realize_input(x), "layout", None)
-    return isinstance(layout, FixedLayout) and is_channels_last(layout)
-
-
 def _channels_last_conv(x: TensorBox, transposed: bool) -> bool:
-    graph = V.graph
-    return (getattr(graph, "kind", "") in ("inference", "forward", "backward") and x.get_device().type == "cpu"
-            and len(x.get_size()) == 4 and not transposed and x.get_dtype() in (torch.float32, torch.bfloat16)
+    return (x.get_device().type == "cpu" and len(x.get_size()) == 4 and not transposed
+            and x.get_dtype() in (torch.float32, torch.bfloat16)
             and all(sympy.sympify(s).is_Integer for s in x.get_size()) and torch.backends.mkldnn.is_available())
 
 

@@ -130,7 +130,7 @@ def layout_hint(tensors: Sequence[Any], size: Sequence[Expr]) -> tuple[int, ...]
     if order is None:
         return None
     for t in tensors:
-        if is_tensor(t) and list(t.get_size()) == list(size) and _stored_in(t) == order:
+        if is_tensor(t) and list(t.get_size()) == list(size) and stored_in(t) == order:
             return order
     return None
 
@@ -138,10 +138,10 @@ def layout_hint(tensors: Sequence[Any], size: Sequence[Expr]) -> tuple[int, ...]
 def common_layout_hint(tensors: Sequence[Any], rank: int) -> tuple[int, ...] | None:
     """Channels-last when every input is stored channels-last (as eager's cat decides)."""
     order = channels_last_order(rank)
-    return order if order is not None and all(_stored_in(t) == order for t in tensors) else None
+    return order if order is not None and all(stored_in(t) == order for t in tensors) else None
 
 
-def _stored_in(x: TensorBox) -> tuple[int, ...] | None:
+def stored_in(x: TensorBox) -> tuple[int, ...] | None:
     """The stride order ``x`` is (or will be) stored in, when that is channels-last."""
     data = x.data
     if isinstance(data, StorageBox):

@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import sympy
 
@@ -148,9 +147,6 @@ def _big_nests(nodes: Sequence[SchedulerNode]) -> set[tuple[tuple[Expr, ...], tu
     return nests
 
 
-# the shorter side of a transpose that 2-D tiles pay for: (8, 64, 32, 32) to channels-last,
-# 462 -> 55 us with tiles (64 channels against 1024 pixels); 3 channels stay untiled
-MIN_TILE_EDGE = 16
 _TRANSPOSES: weakref.WeakKeyDictionary[SchedulerNode, bool] = weakref.WeakKeyDictionary()
 
 
@@ -164,15 +160,14 @@ def _transposes_memo(node: SchedulerNode) -> bool:
 def _transposes(node: SchedulerNode) -> bool:
     """A pointwise node, big enough for 2-D tiles, that reads transposed what it writes: with
     its dims merged as codegen merges them, some read is contiguous along another dim than the
-    write. Alone,
-    or with pointwise nodes over the same ranges, C++ codegen loops over tiles and stages the
-    transposed operand (``codegen/cpp_tiles.py``); in a kernel of several loop nests it would
-    not, and every element would be a strided load:
+    write. Alone, or with pointwise nodes over the same ranges, C++ codegen loops over tiles and
+    stages the transposed operand (``codegen/cpp_tiles.py``); in a kernel of several loop nests
+    it would not, and every element would be a strided load:
     - a weight gradient's ``dy.t()`` copy (of a 256x1024 ``dy``) fused with the bias gradient's
       column sum of ``dy`` took 281 us; apart, the tiled copy 33 us and the sum 16;
     - group_norm applied to an NCHW input into a channels-last output (for a convolution), fused
       with the per-sample scale and shift it reads (8x64x32x32): 181 us; apart, ~60."""
-    from minductor.codegen.loop_shapes import merge_dims  # (a cycle at import time)
+    from minductor.codegen.loop_shapes import merge_dims, tile_sizes  # (a cycle at import time)
 
     if node.is_reduction() or node.is_scan():
         return False
@@ -198,34 +193,8 @@ def _transposes(node: SchedulerNode) -> bool:
     return False
 
 
-def tile_sizes(a: Expr, b: Expr) -> bool:
-    """Whether a transpose of runs ``a`` and ``b`` long is worth 2-D tiles (as codegen decides)."""
-    from minductor.codegen.loop_shapes import TILE, planning_size  # (a cycle at import time)
-
-    low, high = sorted(planning_size(s, 2 * TILE) for s in (a, b))
-    return low >= MIN_TILE_EDGE and high >= 2 * TILE
-
-
 def _one_pointwise_nest(nodes: Sequence[SchedulerNode]) -> bool:
     return all(not n.is_reduction() and not n.is_scan() for n in nodes) and len({tuple(n.pw_ranges) for n in nodes}) == 1
-
-
-def transposed_access(deps: Iterable[Any], inner: sympy.Symbol, second: sympy.Symbol,
-                      substitution: dict[sympy.Symbol, Expr] | None = None) -> bool:
-    """Whether some access in ``deps`` is contiguous along the innermost loop ``inner`` while
-    another is contiguous along the second-innermost ``second`` (a transpose). ``substitution``
-    first rewrites the indices into those loops' variables. A read constant along ``inner``
-    (an index vector, a row bias) is a broadcast, not a transpose (index_select's indices
-    made 64x64 tiles of a row copy)."""
-    along_inner = along_second = False
-    for dep in deps:
-        if not isinstance(dep, MemoryDep):
-            continue
-        coeffs = affine_coeffs(dep.index.xreplace(substitution) if substitution else dep.index, [inner, second])
-        if coeffs is not None:
-            along_inner |= coeffs[inner] == 1
-            along_second |= coeffs[second] == 1 and coeffs[inner] not in (0, 1)
-    return along_inner and along_second
 
 
 def scan_siblings(a: FusedGroup, b: FusedGroup) -> bool:
@@ -246,4 +215,4 @@ def score_fusion(a: FusedGroup, b: FusedGroup, buffer_bytes: dict[str, int]) -> 
     return saved, int(bool(shared)), -abs(a.order - b.order)
 
 
-__all__ = ["Sequence", "can_fuse", "fused_outer", "score_fusion", "transposed_access"]
+__all__ = ["Sequence", "can_fuse", "fused_outer", "score_fusion"]
