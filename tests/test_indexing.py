@@ -145,3 +145,23 @@ def test_bounds_check_flag(tmp_path: Any) -> None:
                     compiled(fn)(x, torch.tensor([[0, 3], [1, 0]]))
         source = "".join(p.read_text() for p in dump.glob("*/*.cpp"))
         assert ("mi_err" in source) == flag, source
+
+
+def test_merged_loops_fold_indices_over_their_own_ranges() -> None:
+    """col2im's index_put (F.fold's backward through unfold) reads its values through
+    index -> permute -> view -> view -> permute: the read index holds ``x5 // 6`` for ``x5 < 6``,
+    zero over the loop's ranges but not once loops merge (it read out of range)."""
+    def col2im(idx: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        rows = idx[:, :, None, None]
+        cols = F.pad(grad, [1, 1, 1, 1])[:, :, rows, idx]  # (2, 3, 3, 6, 3, 6)
+        vals = cols.permute(0, 1, 2, 4, 3, 5).reshape(2, 27, 36).view(2, 3, 3, 3, 6, 6).permute(0, 1, 2, 4, 3, 5)
+        out = torch.ops.aten.index_put(torch.zeros(2, 3, 8, 8), [None, None, rows, idx], vals, True)
+        return out[:, :, 1:-1, 1:-1]
+    idx = torch.arange(6)[None, :] + torch.arange(3)[:, None]
+    grad = torch.randn(2, 3, 6, 6)
+    torch.testing.assert_close(compiled(col2im)(idx, grad), col2im(idx, grad))
+    x = torch.randn(2, 3, 6, 6, requires_grad=True)
+    fold_unfold = lambda x: F.fold(F.unfold(x, 3, padding=1), (6, 6), 3, padding=1)  # noqa: E731
+    compiled(fold_unfold)(x).sum().backward()
+    expected = torch.autograd.grad(fold_unfold(x).sum(), x)[0]
+    torch.testing.assert_close(x.grad, expected)

@@ -95,6 +95,7 @@ class CppKernel:
         self.prefix = CodeBuffer()
         self.suffix = CodeBuffer()
         self.substitution: dict[sympy.Symbol, Expr] = {}
+        self.source_ranges: dict[sympy.Symbol, Expr] = {}  # of the variables the bodies run on
         self.range_of: dict[sympy.Symbol, Expr] = {}
         self.body_stores: list[tuple[str, Expr, torch.dtype]] = []  # (pointer, index, dtype) of the loop body's stores
         self.body_store_names: list[str] = []  # the buffers of body_stores
@@ -130,9 +131,14 @@ class CppKernel:
 
     # -- handler callbacks ---------------------------------------------------------------
 
+    def merged(self, expr: Expr) -> Expr:
+        """``expr`` over the merged loop variables, folded over the bodies' own ranges first:
+        merging was decided on folded indices (the deps), and a term that folds to zero there
+        (``x5 // 6`` for ``x5 < 6``) need not once ``x5`` stands for a merged variable."""
+        return sympy.expand(simplify_index(expr, self.source_ranges).xreplace(self.substitution))
+
     def index_str(self, expr: Expr) -> str:
-        expr = sympy.sympify(expr).xreplace(self.substitution)
-        return cpp_index(simplify_index(sympy.expand(expr), self.range_of))
+        return cpp_index(simplify_index(self.merged(expr), self.range_of))
 
     def load(self, name: str, index: Expr) -> str:
         dtype = V.graph.get_dtype(name)
@@ -147,7 +153,7 @@ class CppKernel:
         if self.stage is not None and self.mask_depth == 0:
             access = (self.stage.maybe_stage(self, arg, dtype, index) if name not in self.group.write_names() else None) or access
         elif not self.masks:
-            self.body_loads.append((arg, sympy.expand(sympy.sympify(index).xreplace(self.substitution)), dtype))
+            self.body_loads.append((arg, self.merged(index), dtype))
         if dtype == torch.float16:
             access = f"static_cast<float>({access})"
         elif dtype == torch.bfloat16:
@@ -182,7 +188,7 @@ class CppKernel:
             value = f"static_cast<{CPP_STORAGE_TYPES[dtype]}>({value})"
         buffer.writeline(f"{arg}[{self.index_str(index)}] = {value};")
         if buffer is self.body and mode is None:
-            self.body_stores.append((arg, sympy.expand(sympy.sympify(index).xreplace(self.substitution)), dtype))
+            self.body_stores.append((arg, self.merged(index), dtype))
             self.body_store_names.append(name)
         if buffer is self.body:
             # a later load through this pointer in the loop body must see the store: several
@@ -499,6 +505,7 @@ class CppKernel:
         if not merged_red.variables and any(n.is_reduction() for n in loop.nodes):
             merged_red = MergedDims([index_symbol("ri0")], [sympy.Integer(1)], {})  # reduce 1 element
         self.substitution = outer.substitution | merged_pw.substitution | merged_red.substitution
+        self.source_ranges = dict(zip(make_vars("x", n_outer) + pw_vars + red_vars, [*self.group.outer, *loop.pw_inner, *loop.red]))
         for v, s in zip(merged_pw.variables + merged_red.variables, merged_pw.sizes + merged_red.sizes):
             self.range_of[v] = s
         self.rlinear = linear_index(red_vars, loop.red)

@@ -324,7 +324,7 @@ class CppOps:
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> str:
         var = self._cse(f"static_cast<{CPP_COMPUTE_TYPES[dtype]}>({self.kernel.index_str(expr)})")
         if dtype in INDEX_DTYPES:
-            self.kernel.index_values[var] = sympy.expand(sympy.sympify(expr).xreplace(self.kernel.substitution))
+            self.kernel.index_values[var] = self.kernel.merged(expr)
         return var
 
     def indirect_indexing(self, x: str, size: Expr, check: bool = True, wrap: bool = True) -> Expr:

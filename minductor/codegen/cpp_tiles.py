@@ -81,6 +81,7 @@ def emit_tiled_2d(kernel: CppKernel, code: CodeBuffer, outer: MergedDims, loop: 
         (v2, s2), (v1, s1) = (v1, s1), (v2, s2)  # vectorize along the stores, gather the loads
     kernel.body, kernel.prefix, kernel.suffix = CodeBuffer(), CodeBuffer(), CodeBuffer()
     kernel.substitution = dict(outer.substitution)
+    kernel.source_ranges = dict(zip(make_vars("x", len(kernel.group.outer)), kernel.group.outer))
     kernel.stage = StagedTile(v1, s1, v2, s2, gathers=gathers_enabled(config.cxx))
     kernel.innermost = str(v1)
     with V.set_ops(CppOps(kernel)), V.set_kernel(kernel):
@@ -203,7 +204,7 @@ class StagedTile:
         self.rows, self.cols = 0, 0  # the tile, once chosen (the arrays' extents)
 
     def maybe_stage(self, kernel: CppKernel, arg: str, dtype: torch.dtype, index: Expr) -> str | None:
-        expr = simplify_index(sympy.expand(sympy.sympify(index).xreplace(kernel.substitution)), kernel.range_of)
+        expr = simplify_index(kernel.merged(index), kernel.range_of)
         coeffs = affine_coeffs(expr, [self.v1, self.v2])
         if coeffs is not None and coeffs[self.v1] == 1 and coeffs[self.v2] != 0:
             self.row_loads[(arg, expr)] = dtype.itemsize  # read along the tile's rows: prefetched
