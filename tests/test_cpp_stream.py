@@ -69,18 +69,18 @@ def test_checked_kernels_that_stream_reduce_their_error_flag(tmp_path, monkeypat
     """A bounds-checked kernel reduces its error flag over the parallel region (the streaming
     loop is a work-sharing ``omp for`` inside it); a bad index still raises. (Kernels that
     gather do not stream by default: the test lifts that rule.)"""
-    from minductor.codegen.cpp import CppKernel
+    from minductor.codegen import cpp_stream
 
-    original = CppKernel._stream_store
+    original = cpp_stream.stream_store
 
-    def ignoring_gathers(self, var, length):
-        gathers, self.gathers = self.gathers, False
+    def ignoring_gathers(kernel, var, length):
+        gathers, kernel.gathers = kernel.gathers, False
         try:
-            return original(self, var, length)
+            return original(kernel, var, length)
         finally:
-            self.gathers = gathers
+            kernel.gathers = gathers
 
-    monkeypatch.setattr(CppKernel, "_stream_store", ignoring_gathers)
+    monkeypatch.setattr(cpp_stream, "stream_store", ignoring_gathers)  # cpp_interior imports it per call
     x, index = torch.randn(300, 200), torch.randint(0, 200, (300, 150))
     code = compiled_code(lambda x, i: torch.gather(x, 1, i) * 2, x, index, tmp_path=tmp_path)
     assert "mi_stream_store(" in code and "mi_bad" in code

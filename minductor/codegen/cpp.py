@@ -21,12 +21,10 @@ from minductor.codegen.cpp_calls import may_batch
 from minductor.codegen.cpp_interior import emit_innermost
 from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
 from minductor.codegen.cpp_stream import (
-    StreamStore,
     emit_chunk_loop,
     open_chunks,
     fence_parallel_region,
-    pick_stream_store,
-    streamable_buffer,
+    streamable_writes,
 )
 from minductor.codegen.cpp_rows import declare_rows, exact_rows, fold_into_reductions, free_rows, register_results, row_offset
 from minductor.codegen.cpp_rewrites import (
@@ -376,7 +374,7 @@ class CppKernel:
         # a pure pointwise nest whose output may stream leaves its innermost loop to
         # _emit_pointwise_nest; a flat one then loops over chunks of FLAT_CHUNK elements
         # (so does one whose calls may run in batches, cpp_calls.py)
-        streams = self.may_stream and (n > 1 or parallel) and self._streamable_writes()
+        streams = self.may_stream and (n > 1 or parallel) and streamable_writes(self)
         small_inner = pure_pointwise and n >= 2 and self.tile_var is None and not self.scatters and vectorizes_outside(outer.sizes)
         chunk = inner_chunk(outer.sizes[-1]) if parallel and self.scatter_chunks else 0
         defer = pure_pointwise and n >= 1 and not small_inner and not chunk and (
@@ -645,23 +643,6 @@ class CppKernel:
 
     def _read_names(self) -> set[str]:
         return set().union(*(n.read_writes.read_names() for n in self.group.nodes))
-
-    def _streamable_writes(self) -> bool:
-        """Whether the group writes a buffer that ``pick_stream_store`` could stream."""
-        reads = self._read_names()
-        return any(isinstance(dep, MemoryDep) and streamable_buffer(dep.name, reads)
-                   for node in self.group.nodes for dep in node.read_writes.writes)
-
-    def _stream_store(self, var: sympy.Symbol, length: Expr) -> StreamStore | None:
-        """The body store to stream along ``var``; it leaves ``body_stores`` (which
-        ``prefetch_row_stores`` would otherwise prefetch for writing)."""
-        if not self.may_stream or self.masks or self.stage is not None or self.gathers:
-            return None
-        stores = [(name, arg, index) for name, (arg, index, _) in zip(self.body_store_names, self.body_stores)]
-        store = pick_stream_store(stores, self.body.lines, var, length, self._read_names())
-        if store is not None:
-            self.body_stores = [s for s in self.body_stores if s[0] != store.arg]
-        return store
 
     def _emit_pointwise_nest(self, code: CodeBuffer, dims: MergedDims) -> None:
         """The pointwise loops of ``dims`` around the body, the innermost one ``omp simd`` (or

@@ -93,9 +93,9 @@ def emit_innermost(kernel: Any, code: Any, var: sympy.Symbol, lo: str, hi: str, 
     interior (see the module docstring)."""
     # (imported here: cpp_calls imports cpp_ops, which records comparisons through this module)
     from minductor.codegen.cpp_calls import batchable_calls, emit_batched_loop
-    from minductor.codegen.cpp_stream import emit_streamed_loop, simd_loop
+    from minductor.codegen.cpp_stream import emit_streamed_loop, simd_loop, stream_store
 
-    store = kernel._stream_store(var, length)
+    store = stream_store(kernel, var, length)
 
     def loop(begin: str, end: str, lines: list[str]) -> None:
         calls = batchable_calls(lines, kernel)

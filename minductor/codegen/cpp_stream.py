@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import sympy
 import torch
@@ -31,7 +32,11 @@ from minductor.codegen.common import CodeBuffer, cpp_index
 from minductor.codegen.cpp_calls import BATCH, emit_call_block
 from minductor.codegen.loop_shapes import LINE
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
+from minductor.scheduler.deps import MemoryDep
 from minductor.virtualized import V
+
+if TYPE_CHECKING:
+    from minductor.codegen.cpp import CppKernel
 
 Expr = sympy.Expr
 
@@ -61,23 +66,34 @@ def stream_condition(name: str) -> str:
     return "" if numel.is_number else f"4 * ({cpp_index(numel)}) >= {config.stream_store_min_bytes}"
 
 
-def pick_stream_store(stores: list[tuple[str, str, Expr]], body: list[str], var: sympy.Symbol,
-                      length: Expr, read_names: set[str]) -> StreamStore | None:
-    """The store of ``body`` (buffer, pointer, index) to stream along ``var``, if any: a
-    ``streamable_buffer`` stored through a pointer the kernel does not read either (``out_ptr``:
-    not a buffer written over another, like softmax's result over its exps, whose lines are in
-    cache already), by one unconditional statement of the body (not inside a block),
-    contiguously along ``var``, in a loop of ``length`` >= 16 iterations (a line)."""
+def streamable_writes(kernel: CppKernel) -> bool:
+    """Whether ``kernel``'s group writes a buffer that ``stream_store`` could stream."""
+    reads = kernel._read_names()
+    return any(isinstance(dep, MemoryDep) and streamable_buffer(dep.name, reads)
+               for node in kernel.group.nodes for dep in node.read_writes.writes)
+
+
+def stream_store(kernel: CppKernel, var: sympy.Symbol, length: Expr) -> StreamStore | None:
+    """The store of ``kernel``'s body to stream along ``var``, if any; it leaves ``body_stores``
+    (which ``prefetch_row_stores`` would otherwise prefetch for writing). A ``streamable_buffer``
+    stored through a pointer the kernel does not read either (``out_ptr``: not a buffer written
+    over another, like softmax's result over its exps, whose lines are in cache already), by one
+    unconditional statement of the body (not inside a block), contiguously along ``var``, in a
+    loop of ``length`` >= 16 iterations (a line); none under masks, staged tiles or gathers."""
+    if not kernel.may_stream or kernel.masks or kernel.stage is not None or kernel.gathers:
+        return None
     if sympy.sympify(length).is_number and length < LINE:
         return None
-    for name, arg, index in stores:
-        if not arg.startswith("out_ptr") or not streamable_buffer(name, read_names):
+    reads, body = kernel._read_names(), kernel.body.lines
+    for name, (arg, index, _) in zip(kernel.body_store_names, kernel.body_stores):
+        if not arg.startswith("out_ptr") or not streamable_buffer(name, reads):
             continue
         coeffs = affine_coeffs(index, [var])
         if coeffs is None or coeffs[var] != 1:
             continue
         lines = [line for line in body if line.lstrip().startswith(f"{arg}[")]
         if len(lines) == 1 and lines[0].startswith(f"{arg}[") and lines[0].rstrip().endswith(";"):
+            kernel.body_stores = [s for s in kernel.body_stores if s[0] != arg]
             return StreamStore(arg, index, lines[0], stream_condition(name))
     return None
 

@@ -14,7 +14,7 @@ import torch
 from minductor import config
 from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index
 from minductor.codegen.cpp_ops import CppOps
-from minductor.codegen.cpp_stream import emit_streamed_loop, fence_parallel_region, simd_loop
+from minductor.codegen.cpp_stream import emit_streamed_loop, fence_parallel_region, simd_loop, stream_store
 from minductor.codegen.loop_shapes import (
     STAGE_BYTES, STAGED_COLS, STAGED_ROWS, TILE, Loop, MergedDims, planning_size, tile_sizes,
 )
@@ -146,7 +146,7 @@ def _emit_staged_tiles(kernel: CppKernel, code: CodeBuffer, stage: StagedTile, l
         with code.indent(open_brace=False):
             _prefetch_rows_ahead(code, stage, kernel.range_of)
             kernel.may_stream = not kernel.scatters
-            store = kernel._stream_store(v1, sympy.Integer(cols))
+            store = stream_store(kernel, v1, sympy.Integer(cols))
             kernel.may_stream = False
             if store is None:
                 simd_loop(code, v1, "mi_t1", "mi_t1 + mi_cols", kernel.body.lines)
