@@ -50,3 +50,14 @@ def test_what_makes_no_batches(tmp_path) -> None:
     assert "mi_call0" not in compiled_code(lambda x: x.sin() * 2 + 1, x, tmp_path=tmp_path / "a")
     assert "mi_call0" not in compiled_code(lambda x: (x.sin() * 2).exp(), x.double(), tmp_path=tmp_path / "b")
     assert "mi_call0" not in compiled_code(lambda x: x.sin().exp().sum(-1), x, tmp_path=tmp_path / "c")
+
+
+def test_no_batch_for_a_call_on_a_value_the_body_stored(tmp_path) -> None:
+    """A fused producer's output read back as a call's argument: the block of calls would run
+    before the body's stores (it read the buffer uninitialized: NaNs in a softmax backward)."""
+    def fn(x, g):
+        e = (x - x.amax(1, keepdim=True)).exp()  # stored, read back by the second node
+        return e, (g * 1.5) * (e / e.sum(1, keepdim=True)).cos() * e
+    x, g = torch.randn(2, 1, 10), torch.randn(2, 1, 10)
+    code = compiled_code(fn, x, g, tmp_path=tmp_path)
+    assert "mi_call0[" not in code

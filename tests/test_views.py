@@ -261,6 +261,15 @@ def test_flip_roll_repeat_tile() -> None:
                      x.repeat_interleave(2, dim=0)), x)
 
 
+
+def test_flip_of_a_reshape_keeps_division_bases_non_negative() -> None:
+    """A flipped dim under a reshape's FloorDiv/ModularIndexing: the index base ``8 - 2*x2 + ...``
+    must not lose its whole multiples of the divisor (``1 + (x3 - 2*x2) // 8``): generated code
+    divides towards zero, and the rest is negative for some elements."""
+    x = torch.randn(5, 1)
+    check(lambda x: torch.cat([torch.nn.functional.pad(x, [1, 2])] * 2, 1).reshape(2, 2, 5, 2).flip(2) * 1.5, x)
+    check(lambda x: x.reshape(4, 6).flip(1).reshape(3, 4, 2).flip(0, 2) + 1, make("transposed", F32))
+
 def test_constant_pad_and_slice_scatter() -> None:
     x = make("transposed", F32)
     check(lambda x: (torch.nn.functional.pad(x, (1, 2, 0, 3)), torch.nn.functional.pad(x, (-1, 1), value=2.5),

@@ -31,6 +31,7 @@ _INLINE_MATH = re.compile(rf"\bmi_({'|'.join((*INLINE_MATH, 'rsqrt', 'sqrt'))})\
 _STORE = re.compile(r"[A-Za-z_]\w*\[.*\] = .*;$")
 _DEFINES = re.compile(r"auto (tmp\d+) = ")
 _TMP = re.compile(r"\btmp\d+\b")
+_LOAD = re.compile(r"auto tmp\d+ = ([A-Za-z_]\w*)\[")
 
 
 def _float_calls(kernel: Any) -> bool:
@@ -56,7 +57,25 @@ def batchable_calls(body: list[str], kernel: Any) -> list[int]:
     others = [line for i, line in enumerate(lines) if i not in calls]
     if not any(_INLINE_MATH.search(line) for line in others) or not _float_calls(kernel):
         return []
-    return calls
+    # not a call whose argument loads what the body stored before it (a fused producer's
+    # output read back: its block of calls would run before the stores)
+    return [i for i in calls if not any(_reads_stored(lines, j) for j in _argument_lines(lines, i))]
+
+
+def _argument_lines(lines: list[str], call: int) -> list[int]:
+    """The lines before ``call`` defining the temporaries its argument needs, last first."""
+    needed, out = set(_TMP.findall(lines[call][_DEFINES.match(lines[call]).end():])), []
+    for j in range(call - 1, -1, -1):
+        defined = _DEFINES.match(lines[j])
+        if defined is not None and defined.group(1) in needed:
+            out.append(j)
+            needed |= set(_TMP.findall(lines[j][defined.end():]))
+    return out
+
+
+def _reads_stored(lines: list[str], i: int) -> bool:
+    load = _LOAD.match(lines[i])
+    return load is not None and any(line.startswith(f"{load.group(1)}[") for line in lines[:i])
 
 
 def emit_call_block(code: CodeBuffer, body: list[str], calls: list[int], lane: str) -> tuple[list[str], list[str]]:

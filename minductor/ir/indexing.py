@@ -15,7 +15,8 @@ Expr = sympy.Expr
 
 
 class FloorDiv(sympy.Function):
-    """Integer floor division of non-negative operands."""
+    """Integer floor division of non-negative operands (the generated code divides towards
+    zero: a rewrite must keep the base non-negative wherever the original one was)."""
 
     is_integer = True
     nargs = (2,)
@@ -32,9 +33,11 @@ class FloorDiv(sympy.Function):
             return FloorDiv(base.args[0], base.args[1] * divisor)
         if divisor.is_Integer and base.is_Add:
             # pull out terms that are exact multiples of the divisor
+            # (only while the rest stays non-negative: C++ and Triton divide towards zero, so a
+            # flip's 8 - 2*x2 + x3 must not become 1 + (x3 - 2*x2) // 8)
             whole = [t for t in base.args if _divisible(t, divisor)]
-            if whole:
-                rest = sympy.Add(*[t for t in base.args if not _divisible(t, divisor)])
+            rest = sympy.Add(*[t for t in base.args if not _divisible(t, divisor)])
+            if whole and (rest == 0 or rest.is_nonnegative):
                 return sympy.Add(*[t / divisor for t in whole]) + FloorDiv(rest, divisor)
         if divisor.is_Integer and _divisible(base, divisor):
             return base / divisor
@@ -60,7 +63,7 @@ class ModularIndexing(sympy.Function):
         if base.is_Add and modulus.is_Integer:
             step = divisor * modulus
             kept = [t for t in base.args if not _divisible(t, step)]
-            if len(kept) < len(base.args):
+            if len(kept) < len(base.args) and (not kept or sympy.Add(*kept).is_nonnegative):
                 return ModularIndexing(sympy.Add(*kept), divisor, modulus)
         return None
 
