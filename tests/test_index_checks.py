@@ -134,3 +134,13 @@ def test_gather_prefetches_the_next_row_in_chunks(cols: int, tmp_path: Path) -> 
     bad[20, cols - 1] = 500
     with pytest.raises(Exception, match="out of bounds|out of range"):
         torch.compile(fn, backend="minductor")(x, bad)
+
+
+def test_masked_off_lanes_do_not_trip_the_row_check(tmp_path: Path) -> None:
+    """A roll (an index_select through ``fmod(i + 2, n)``) inside the second input of a cat: the
+    masked-off lanes of the first half compute ``i - n < 0`` and a negative fmod; the row check
+    holds only under the mask (it raised an IndexError eager does not)."""
+    x = torch.randn(5, 6, 3)
+    fn = lambda x: torch.cat([x.transpose(1, 2), F.layer_norm(x.roll(-2, 2), (3,)).transpose(1, 2) * 2], 1)  # noqa: E731
+    source = _kernel(fn, x, tmp_path=tmp_path)
+    assert "mi_err[0] = 1" in source.read_text()  # the branch form, under its mask
