@@ -345,8 +345,8 @@ class CppOps:
                 # the same index for the whole inner loop (an embedding row): a branch the compiler
                 # hoists out of the loop (unswitching), which then reads the row contiguously
                 # (under a mask, only where it holds: masked-off lanes compute indices of no element)
-                bad = f"({var} < 0 || {var} >= {size_str})"
-                bad = f"({' && '.join(self.kernel.masks)}) && {bad}" if self.kernel.masks else bad
+                bad = f"{var} < 0 || {var} >= {size_str}"
+                bad = f"({' && '.join(self.kernel.masks)}) && ({bad})" if self.kernel.masks else bad
                 self.kernel.body.writeline(f"if ({bad}) {{ mi_err[0] = 1; {var} = 0; }}")
         self.kernel.indirect_sizes[var] = size
         return index_symbol(var)
