@@ -116,9 +116,24 @@ def _kernel_source(fn, x: torch.Tensor, tmp_path: Path) -> str:
 def test_division_by_a_reduced_value_multiplies_by_its_reciprocal(fn, tmp_path: Path) -> None:
     """The divisor is the same for the whole row: one reciprocal per row, a multiply per element."""
     source = _kernel_source(fn, torch.randn(16, 1000), tmp_path)
-    recip = re.search(r"auto (tmp\d+) = static_cast<decltype\(tmp\d+\)>\(1\) / tmp\d+;", source)
+    recip = re.search(r"auto (tmp\d+) = mi_reciprocal\(tmp\d+\);", source)
     assert recip and f"* {recip.group(1)})" in source, source
     assert not re.search(r"tmp\d+ / tmp\d+\)", source), source
+
+
+def test_a_row_division_recomputed_in_two_kernels_rounds_alike() -> None:
+    """amax over an expanded softmax, and its backward's tie mask ``eq(amax, softmax)``, recompute
+    the softmax in two kernels whose loops differ (the softmax's row is invariant in the amax's
+    reduced loop): both must round it alike, or the tie count is 0 and the gradient 0/0."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x.softmax(2).unsqueeze(0).expand(3, 1, 3, 2).flip(3).amax(0, keepdim=True).permute(0, 2, 1, 3) * 1.5
+    torch.manual_seed(1574)
+    x = torch.randn(1, 3, 2)
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    grad = torch.randn(1, 3, 1, 2)
+    torch.compile(fn, backend="minductor")(xs[0]).backward(grad)
+    fn(xs[1]).backward(grad)
+    torch.testing.assert_close(xs[0].grad, xs[1].grad)
 
 
 def test_division_by_a_constant_stays_a_division(tmp_path: Path) -> None:

@@ -255,12 +255,6 @@ class CppKernel:
         expressions that define it); True when that is unknown."""
         return self._varies(self.definition_closure(var))
 
-    def is_loaded_loop_invariant(self, var: str) -> bool:
-        """Whether ``var`` is the same for the whole innermost loop and read from memory (a
-        reduction's result, a scalar input), not a constant the compiler folds."""
-        exprs = self.definition_closure(var)
-        return not self._varies(exprs) and any("[" in e for e in exprs)
-
     def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, rtype: str, value: str) -> Any:
         key = f"{rtype}({value})"
         if key in self.cse.cache:

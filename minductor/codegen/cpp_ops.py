@@ -203,13 +203,7 @@ class CppOps:
         return var
 
     def truediv(self, a: str, b: str) -> str:
-        # by a loaded loop-invariant divisor (softmax's sum, a norm): a multiply by its reciprocal,
-        # which the compiler hoists out of the loop, as eager's softmax does (one vdivps per
-        # element was 16% of softmax at 4096^2 on a Xeon). Within an ulp of a / b; a constant
-        # divisor (round(x, 2), pooling) keeps the exact division eager does.
-        if self.kernel.is_loaded_loop_invariant(b) and self.kernel.varies_in_innermost_loop(a):
-            recip = self._cse(f"static_cast<{_t(b)}>(1) / {b}")
-            return self._same(a, f"{a} * {recip}")
+        # (a division by one value per row is lowered as a multiply by its reciprocal: lowering/pointwise.py)
         return self._same(a, f"{a} / {b}")
 
     def floordiv(self, a: str, b: str) -> str:
