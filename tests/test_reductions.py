@@ -151,6 +151,21 @@ def test_two_pass_variance_is_close_to_float64(shape) -> None:
     torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("dims,base", [((1,), (64, 1, 3)), ((0,), (1, 5, 3)), ((0, 2), (1, 5, 1))],
+                         ids=["rows", "columns", "batch_norm_dims"])
+def test_two_pass_statistics_of_equal_values_are_exact(dims, base) -> None:
+    """Corrected two-pass: the deviations' sum refines the mean, so rows (or columns) of one
+    repeated value have exactly that mean and a variance of 0, as eager's; a layer_norm of such
+    rows is 0 (it was the rounding of n*x/n over sqrt(eps), up to 6e-4 here)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    x = (torch.randn(base) * 7.3).expand(64, 5, 3).contiguous()
+    fn = lambda x: (*torch.var_mean(x, dims, correction=0), F.layer_norm(x.movedim(dims[0], -1), (x.shape[dims[0]],)))  # noqa: E731
+    for got, ref in zip(torch.compile(fn, backend="minductor")(x), fn(x)):
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert not fn(x)[0].any() and not fn(x)[2].any()  # eager's exact zeros, the reference
+
+
 @pytest.mark.parametrize("shape", [(5, 2049), (3, 4099), (2, 8192)], ids=["past_two_pass", "tail", "even"])
 def test_welford_long_rows(shape) -> None:
     """Rows past TWO_PASS_MAX keep Welford, over WELFORD_LANES lanes on AVX-512 (the lanes'

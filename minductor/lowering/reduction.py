@@ -9,7 +9,7 @@ import torch
 
 from minductor.ir.nodes import Pointwise, Reduction, TensorBox
 from minductor.ir.ops import ops
-from minductor.lowering.pointwise import div, mul, sub
+from minductor.lowering.pointwise import add, clamp_min, div, mul, sub
 from minductor.lowering.registry import Unsupported, aten, register_lowering, to_dtype
 from minductor.lowering.views import view
 from minductor.virtualized import V
@@ -235,10 +235,19 @@ def _welford(x: TensorBox, dims: Any, keepdim: bool) -> tuple[TensorBox, TensorB
     # (a symbolic size at its hint: dynamic batch norm statistics take two passes too)
     cached = not trailing and V.graph.sizevars.hint(sympy.Mul(*size) * dtype.itemsize) <= TWO_PASS_MAX_BYTES
     if dtype in (torch.float32, torch.float64) and (rows or cached):
-        mean_kept = div(make_reduction(x, dims, True, "sum", dtype), float(count) if count.is_Integer else count)
-        deviation = sub(x, mean_kept)
-        m2 = make_reduction(mul(deviation, deviation), dims, keepdim, "sum", dtype)
-        mean_ = mean_kept if keepdim else view(mean_kept, [size[i] for i in range(len(size)) if i not in reduced])
+        # corrected two-pass: the deviations' own sum refines the mean and the squares (exact
+        # for a row of equal values, as eager is: a layer_norm of such a row is 0, not the
+        # rounding of n*x/n over sqrt(eps)); one more sum in the same pass
+        n = float(count) if count.is_Integer else count
+        mean0 = div(make_reduction(x, dims, True, "sum", dtype), n)
+        deviation = sub(x, mean0)
+        shift = make_reduction(deviation, dims, True, "sum", dtype)
+        squares = make_reduction(mul(deviation, deviation), dims, True, "sum", dtype)
+        m2 = clamp_min(sub(squares, div(mul(shift, shift), n)), 0.0)
+        mean_ = add(mean0, div(shift, n))
+        if not keepdim:
+            kept = [size[i] for i in range(len(size)) if i not in reduced]
+            mean_, m2 = view(mean_, kept), view(m2, kept)
         return mean_, m2, count
     mean_ = make_reduction(x, dims, keepdim, "welford_reduce", dtype, output_index=0)
     m2 = make_reduction(x, dims, keepdim, "welford_reduce", dtype, output_index=1)
