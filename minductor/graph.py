@@ -140,6 +140,8 @@ class GraphLowering(torch.fx.Interpreter):
             return args[0][args[1]]
         if target in SYMBOLIC_OPS:
             return SYMBOLIC_OPS[target](*args, **kwargs)
+        if isinstance(val, torch.SymInt):  # other size arithmetic (torch.sym_sum, sym_max...): its value
+            return to_expr(val)
         return fallback(target, args, kwargs, val)
 
     def output(self, target: str, args: Any, kwargs: Any) -> Any:

@@ -20,8 +20,10 @@ def to_expr(value: Any) -> sympy.Expr:
     """int / SymInt / SymPy -> SymPy expression (with minductor's index functions)."""
     if isinstance(value, torch.SymInt):
         return from_torch_sympy(sympy.sympify(value.node.expr))
-    if isinstance(value, (int, sympy.Expr)):
-        return sympy.sympify(value)
+    if isinstance(value, sympy.Expr):
+        return from_torch_sympy(value)
+    if isinstance(value, int):
+        return sympy.Integer(value)
     raise TypeError(f"not a size: {value!r}")
 
 

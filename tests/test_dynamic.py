@@ -418,3 +418,18 @@ def test_symbolic_rows_take_wide_lanes_when_long(name: str, tmp_path) -> None:
     code = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_*.cpp"))
     assert re.search(r"const int64_t mi_wl = \w+ >= 1024 \? (32|128) : 16;", code), code
     assert re.search(r"if \(mi_wl == (32|128)\)", code) and "mi_base += 16)" in code, code
+
+
+def test_size_arithmetic_dynamo_writes_as_sym_sum_is_a_size_not_a_fallback() -> None:
+    """``t.expand(t.shape[0], ..., t.shape[2])`` of a strided slice makes Dynamo emit
+    ``torch.sym_sum((-2, (s + 1) // 2))``: its value is the size expression (with minductor's
+    FloorDiv), not an aten fallback whose SymInt later reached the C++ printer."""
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        t = t[:, :, ::2][:, :, 1:-1].cumsum(1)
+        t = t.unsqueeze(2).expand(t.shape[0], t.shape[1], 3, t.shape[2])
+        return F.pad(t, [1, 2]).var(3, keepdim=True, correction=0) * 1.5
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for shape in [(29, 36, 37), (5, 7, 12)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert not metrics.fallback_ops, metrics.fallback_ops
