@@ -13,6 +13,8 @@ from typing import Any
 import sympy
 import torch
 
+from minductor.ir.indexing import index_symbol
+
 SIZE_SYMBOL = re.compile(r"^[su]\d+$")
 
 
@@ -59,13 +61,27 @@ class SizeVars:
 
     def __init__(self, example_inputs: Any) -> None:
         self.var_to_val: dict[sympy.Symbol, sympy.Integer] = {}
+        self.lower: dict[sympy.Symbol, int] = {}  # each size symbol's lower bound (Dynamo: 2 once 0 and 1 specialize)
         for x in example_inputs:
             env = _shape_env(x)
             if env is not None:
                 values = getattr(env, "backed_var_to_val", None)
                 values = env.var_to_val if values is None else values
                 self.var_to_val = {k: sympy.Integer(int(v)) for k, v in values.items()}
+                for k, r in getattr(env, "var_to_range", {}).items():
+                    if sympy.sympify(r.lower).is_Integer:  # (not -oo: an unbounded symbol)
+                        self.lower[k] = max(int(r.lower), 0)
                 break
+
+    def simplify(self, expr: Any) -> sympy.Expr:
+        """``expr`` with the Max/Min its symbols' lower bounds decide resolved: a slice of
+        ``s0`` from 1 to -1 is ``s0 - 2`` long, as Dynamo has it, not ``Max(0, s0 - 2)``."""
+        expr = sympy.sympify(expr)
+        if not expr.has(sympy.Max, sympy.Min):
+            return expr
+        shifted = {s: index_symbol(f"{s.name}_over") + self.lower.get(s, 0) for s in size_symbols(expr)}
+        back = {index_symbol(f"{s.name}_over"): s - self.lower.get(s, 0) for s in shifted}
+        return sympy.expand(expr.xreplace(shifted).xreplace(back))
 
     def hint(self, expr: Any) -> int:
         expr = sympy.sympify(expr).xreplace(self.var_to_val)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minductor import metrics
+from minductor import config, metrics
 from minductor.bench.workloads import Block
 
 
@@ -433,3 +433,42 @@ def test_size_arithmetic_dynamo_writes_as_sym_sum_is_a_size_not_a_fallback() -> 
         x = torch.randn(shape)
         torch.testing.assert_close(compiled(x), fn(x))
     assert not metrics.fallback_ops, metrics.fallback_ops
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (64, 700), (3000, 37)])
+def test_column_partials_over_a_symbolic_width_that_is_a_sum(shape, tmp_path) -> None:
+    """Column sums over a padded symbolic width ``3 + s1``, split across threads: the per-thread
+    partials were allocated and indexed as ``mi_nt * 3 + s1`` (no parentheses). Reads and writes
+    agreed, so values matched while the writes ran past the allocation (heap corruption, a crash
+    some calls later); the partials' extents are checked in the source too."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return F.pad(x, [1, 2]).sum(0)
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(torch.compile(fn, backend="minductor", dynamic=True)(x), fn(x), rtol=1e-4, atol=1e-4)
+    source = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_*.cpp"))
+    extents = re.findall(r"_partial = new float\[mi_nt \* ([^\]]*)\]", source)
+    assert extents and all(re.fullmatch(r"\w+|\(.*\)", e) for e in extents), extents
+
+
+@pytest.mark.parametrize("name", ["slice", "strided_slice_cat", "cat_slices"])
+def test_slices_of_symbolic_sizes_agree_with_dynamos_sizes(name) -> None:
+    """A slice's clamped length (``Max(0, s0 - 2)``) is Dynamo's ``s0 - 2`` once the size's lower
+    bound decides the clamp; where two expressions of one size remain, they broadcast (the
+    backward's tangent against the slice failed to compile: "cannot be broadcast together")."""
+    fns = {
+        "slice": lambda t: t[1:-1].contiguous().sin() * 1.5,
+        "strided_slice_cat": lambda t: torch.cat([t[::2], t[::2] * 2])[1:-1].softmax(0),
+        "cat_slices": lambda t: F.pad(torch.cat([t.unsqueeze(0).expand(2, -1)] * 2).var(0, keepdim=True), [1, 2]).amax(0).softmax(0),
+    }
+    fn = fns[name]
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for n in (36, 33, 17):
+        x = torch.randn(n, requires_grad=True)
+        xr = x.detach().clone().requires_grad_()
+        out, ref = compiled(x), fn(xr)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+        grad = torch.randn_like(ref)
+        out.backward(grad)
+        ref.backward(grad)
+        torch.testing.assert_close(x.grad, xr.grad, rtol=1e-4, atol=1e-5)

@@ -39,7 +39,7 @@ def cpp_index(expr: Expr) -> str:
         return out
     if expr.is_Mul:
         coeff, rest = expr.as_coeff_Mul()
-        factors = [_paren(cpp_index(f)) for f in sympy.Mul.make_args(rest)]
+        factors = [paren(cpp_index(f)) for f in sympy.Mul.make_args(rest)]
         body = "*".join(factors)
         if coeff == 1:
             return body
@@ -47,13 +47,13 @@ def cpp_index(expr: Expr) -> str:
             return f"-{body}"
         return f"{int(coeff)}L*{body}" if coeff.is_Integer else f"({coeff})*{body}"
     if isinstance(expr, FloorDiv):
-        return f"({cpp_index(expr.args[0])}) / {_paren(cpp_index(expr.args[1]))}"
+        return f"({cpp_index(expr.args[0])}) / {paren(cpp_index(expr.args[1]))}"
     if isinstance(expr, ModularIndexing):
         base, div, mod = expr.args
-        inner = cpp_index(base) if div == 1 else f"({cpp_index(base)}) / {_paren(cpp_index(div))}"
-        return f"(({inner}) % {_paren(cpp_index(mod))})"
+        inner = cpp_index(base) if div == 1 else f"({cpp_index(base)}) / {paren(cpp_index(div))}"
+        return f"(({inner}) % {paren(cpp_index(mod))})"
     if expr.is_Pow and expr.exp.is_Integer and expr.exp > 0:
-        return "*".join([_paren(cpp_index(expr.base))] * int(expr.exp))
+        return "*".join([paren(cpp_index(expr.base))] * int(expr.exp))
     if isinstance(expr, sympy.Max):
         return f"mi_max_i64({cpp_index(expr.args[0])}, {cpp_index(sympy.Max(*expr.args[1:]))})"
     if isinstance(expr, sympy.Min):
@@ -77,21 +77,21 @@ def py_index(expr: Expr) -> str:
     if expr.is_Add:
         return " + ".join(py_index(a) for a in sorted(expr.args, key=sympy.default_sort_key))
     if expr.is_Mul:
-        return "*".join(_paren(py_index(a)) for a in expr.args)
+        return "*".join(paren(py_index(a)) for a in expr.args)
     if isinstance(expr, FloorDiv):
-        return f"({py_index(expr.args[0])}) // {_paren(py_index(expr.args[1]))}"
+        return f"({py_index(expr.args[0])}) // {paren(py_index(expr.args[1]))}"
     if isinstance(expr, ModularIndexing):
         base, div, mod = (py_index(a) for a in expr.args)
-        return f"((({base}) // {_paren(div)}) % {_paren(mod)})"
+        return f"((({base}) // {paren(div)}) % {paren(mod)})"
     if expr.is_Pow and expr.exp.is_Integer and expr.exp > 0:
-        return f"{_paren(py_index(expr.base))}**{int(expr.exp)}"
+        return f"{paren(py_index(expr.base))}**{int(expr.exp)}"
     if isinstance(expr, (sympy.Max, sympy.Min)):
         fn = "max" if isinstance(expr, sympy.Max) else "min"
         return f"{fn}({', '.join(py_index(a) for a in expr.args)})"
     raise NotImplementedError(f"cannot print size expression {expr} ({type(expr).__name__})")
 
 
-def _paren(s: str) -> str:
+def paren(s: str) -> str:
     return s if s.replace("_", "").isalnum() else f"({s})"
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import sympy
 import torch
 
-from minductor.codegen.common import CPP_COMPUTE_TYPES, CPP_STORAGE_TYPES, CSE, CodeBuffer, KernelArgs, cpp_index
+from minductor.codegen.common import CPP_COMPUTE_TYPES, CPP_STORAGE_TYPES, CSE, CodeBuffer, KernelArgs, cpp_index, paren
 from minductor.codegen.cpp_calls import may_batch
 from minductor.codegen.cpp_interior import emit_innermost
 from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
@@ -602,7 +602,7 @@ class CppKernel:
             code._indent -= 1
             code.writeline("}")
         if self.split_rows:
-            width = cpp_index(self.range_of[self.tile_var])
+            width = paren(cpp_index(self.range_of[self.tile_var]))
             code.writeline("#pragma omp simd")
             code.writeline(lane_loop)
             with code.indent():

@@ -29,7 +29,7 @@ import sympy
 import torch
 
 from minductor import config
-from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index
+from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index, paren
 from minductor.codegen.loop_shapes import Loop, inner_vars, reads_only_at
 from minductor.ir.indexing import make_vars
 from minductor.scheduler.deps import MemoryDep
@@ -174,7 +174,7 @@ def declare_rows(code: CodeBuffer, rows: dict[str, tuple[str, int | sympy.Expr]]
         if isinstance(numel, int):
             code.writeline(f"alignas(64) {ctype} {v}[{numel}];  // {b}, one row of it")
             continue
-        cap, n = ROW_SCRATCH_MAX_BYTES // dtype.itemsize, cpp_index(numel)
+        cap, n = ROW_SCRATCH_MAX_BYTES // dtype.itemsize, paren(cpp_index(numel))
         code.writeline(f"alignas(64) {ctype} {v}_stack[{cap}];  // {b}, one row of it")
         code.writeline(f"{ctype}* {v} = {n} <= {cap} ? {v}_stack : static_cast<{ctype}*>(__builtin_malloc(sizeof({ctype}) * {n}));")
 

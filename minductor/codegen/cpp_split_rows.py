@@ -13,7 +13,7 @@ from typing import Any
 
 import sympy
 
-from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index
+from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index, paren
 from minductor.codegen.loop_shapes import PARALLEL_THRESHOLD, SPLIT_ROWS_MIN, SPLIT_ROWS_TILE, Loop, MergedDims, planning_size
 from minductor.virtualized import V
 
@@ -41,7 +41,7 @@ def emit_split_rows(kernel: Any, code: CodeBuffer, outer: MergedDims, loops: lis
     loop, *epilogues = loops
     (var, size), = zip(outer.variables, outer.sizes)
     kernel.range_of[var] = size
-    width = cpp_index(size)
+    width = paren(cpp_index(size))  # (a symbolic size is a sum: mi_nt * (3 + s0))
     kernel.split_rows = True
     kernel.outer_lanes = min(SPLIT_ROWS_TILE, planning_size(size, SPLIT_ROWS_TILE))
     block = CodeBuffer()

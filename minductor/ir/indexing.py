@@ -43,6 +43,9 @@ class FloorDiv(sympy.Function):
             return base / divisor
         return None
 
+    def _eval_is_nonnegative(self):
+        return True if self.args[0].is_nonnegative and self.args[1].is_positive else None
+
 
 class ModularIndexing(sympy.Function):
     """``(base // divisor) % modulus`` for non-negative operands."""
@@ -66,6 +69,9 @@ class ModularIndexing(sympy.Function):
             if len(kept) < len(base.args) and (not kept or sympy.Add(*kept).is_nonnegative):
                 return ModularIndexing(sympy.Add(*kept), divisor, modulus)
         return None
+
+    def _eval_is_nonnegative(self):
+        return True
 
 
 def _divisible(term: Expr, divisor: Expr) -> bool:

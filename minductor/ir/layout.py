@@ -47,8 +47,12 @@ def is_channels_last(layout: FixedLayout) -> bool:
         and not layout.is_contiguous()
 
 
-def as_exprs(values: Sequence[int | Expr]) -> list[Expr]:
-    return [sympy.sympify(v) for v in values]
+def as_exprs(values: Sequence[int | Expr | torch.SymInt]) -> list[Expr]:
+    """Sizes or strides as SymPy (a SymInt's expression with minductor's index functions: a
+    symbolic contiguous stride holds torch's ``Max(1, s0)``, which the printers do not know)."""
+    from minductor.sizevars import to_expr
+
+    return [to_expr(v) if isinstance(v, (torch.SymInt, sympy.Expr)) else sympy.sympify(v) for v in values]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from minductor.ir.layout import FixedLayout, channels_last_order, is_channels_la
 from minductor.ir.nodes import IRNode, Loops, Pointwise, StorageBox, TensorBox
 from minductor.ir.ops import ops
 from minductor.ir.views import make_view
+from minductor.virtualized import V
 
 aten = torch.ops.aten
 Expr = sympy.Expr
@@ -91,9 +92,21 @@ def broadcast_shapes(*shapes: Sequence[Expr]) -> list[Expr]:
             if s == 1:
                 continue
             if out[i] != 1 and out[i] != s:
-                raise ValueError(f"shapes {[list(s) for s in shapes]} cannot be broadcast together")
+                # two expressions of one symbolic size (a slice's Max(0, s0 - 2) and Dynamo's s0 - 2):
+                # the graph broadcast them when traced, so sizes equal at the hint are equal
+                if not _same_size(out[i], s):
+                    raise ValueError(f"shapes {[list(s) for s in shapes]} cannot be broadcast together")
+                s = min(out[i], s, key=sympy.count_ops)
             out[i] = sympy.sympify(s)
     return out
+
+
+def _same_size(a: Expr, b: Expr) -> bool:
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    if a.is_number and b.is_number:
+        return a == b
+    hint = V.graph.sizevars.hint
+    return V.graph.sizevars.simplify(a - b) == 0 or (hint(a) == hint(b) != 1)
 
 
 def expand_to(x: TensorBox, size: Sequence[Expr]) -> TensorBox:

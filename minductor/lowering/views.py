@@ -222,7 +222,7 @@ def _symbolic_slice(size: Expr, start: Any, end: Any, step: int) -> tuple[Expr, 
 
     lo, hi = clamp(start, sympy.Integer(0)), clamp(end, size)
     length = FloorDiv(sympy.Max(hi - lo, 0) + step - 1, step) if step != 1 else sympy.Max(hi - lo, 0)
-    return lo, length
+    return V.graph.sizevars.simplify(lo), V.graph.sizevars.simplify(length)
 
 
 @register_lowering(aten.split_with_sizes)
