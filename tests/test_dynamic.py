@@ -459,7 +459,8 @@ def test_slices_of_symbolic_sizes_agree_with_dynamos_sizes(name) -> None:
     fns = {
         "slice": lambda t: t[1:-1].contiguous().sin() * 1.5,
         "strided_slice_cat": lambda t: torch.cat([t[::2], t[::2] * 2])[1:-1].softmax(0),
-        "cat_slices": lambda t: F.pad(torch.cat([t.unsqueeze(0).expand(2, -1)] * 2).var(0, keepdim=True), [1, 2]).amax(0).softmax(0),
+        "cat_slices": lambda t: F.pad(torch.cat([t.unsqueeze(0).expand(2, -1)] * 2).var(0, keepdim=True), [1, 2])
+        .amax(0).softmax(0),
     }
     fn = fns[name]
     compiled = torch.compile(fn, backend="minductor", dynamic=True)

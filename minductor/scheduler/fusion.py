@@ -9,6 +9,7 @@ import sympy
 from minductor.ir.indexing import affine_coeffs, make_vars, value_range
 from minductor.scheduler.deps import MemoryDep
 from minductor.scheduler.nodes import PARALLEL_THRESHOLD, FusedGroup, SchedulerNode
+from minductor.virtualized import V
 
 Expr = sympy.Expr
 
@@ -58,7 +59,9 @@ def _rename(
 
 def _dense_image(coeffs: dict[sympy.Symbol, Expr], ranges: dict[sympy.Symbol, Expr]) -> bool:
     """Whether ``sum(c*v)`` over the ranges covers exactly ``0..numel-1`` (a dense block)."""
-    pairs = sorted((c, ranges[v]) for v, c in coeffs.items() if ranges[v] != 1)
+    # (symbolic strides order by their hints; the check below is exact either way)
+    pairs = sorted(((c, ranges[v]) for v, c in coeffs.items() if ranges[v] != 1),
+                   key=lambda pair: V.graph.sizevars.hint(pair[0]))
     expected = sympy.Integer(1)
     for c, size in pairs:
         if c != expected:
@@ -96,7 +99,8 @@ def _reads_in_span(w: Expr, wc: dict[sympy.Symbol, Expr], w_inner: list[sympy.Sy
             or not _dense_image({v: wc[v] for v in w_inner}, w_ranges):
         return False
     lo, hi = value_range(sympy.expand(rest - w.xreplace({v: 0 for v in [*outer, *w_inner]})), r_ranges)
-    return lo is not None and hi is not None and bool(lo >= 0) and bool(hi < sympy.Mul(*[w_ranges[v] for v in w_inner]))
+    return (lo is not None and hi is not None and sympy.sympify(lo >= 0) is sympy.true
+            and sympy.sympify(hi < sympy.Mul(*[w_ranges[v] for v in w_inner])) is sympy.true)
 
 
 def can_fuse(a: FusedGroup, b: FusedGroup, nodes_between: bool) -> bool:
