@@ -113,3 +113,14 @@ def test_masked_body_with_a_checked_division_stays_conditional(tmp_path: Any) ->
         torch.testing.assert_close(torch.compile(fn, backend="minductor")(a, b), fn(a, b))
     code = next(tmp_path.glob("graph_*/output_code.py")).read_text()
     assert "mi_check_divisor" not in code or "[&]" in code, code
+
+
+@pytest.mark.parametrize("shape", [(5, 2, 1), (5, 3, 1), (33, 2, 1)])
+def test_pad_of_short_rows_vectorized_outside_the_row(shape) -> None:
+    """A pad along rows of 2-3 elements: the row loop is unrolled and the loop outside it
+    vectorized, so the padded read is strided along the vector; GCC 12 -O3 miscompiled it as a
+    masked strided load (a whole row read as zeros). Such reads take the bitwise select."""
+    torch._dynamo.reset()
+    x = torch.randn(shape)
+    fn = lambda t: torch.nn.functional.pad(t.sum(2), [0, 0, 1, 2]) * 1.5  # noqa: E731
+    torch.testing.assert_close(torch.compile(fn, backend="minductor", dynamic=False)(x), fn(x))

@@ -94,6 +94,7 @@ class CppKernel:
         self.suffix = CodeBuffer()
         self.substitution: dict[sympy.Symbol, Expr] = {}
         self.source_ranges: dict[sympy.Symbol, Expr] = {}  # of the variables the bodies run on
+        self.outside_var: sympy.Symbol | None = None
         self.range_of: dict[sympy.Symbol, Expr] = {}
         self.body_stores: list[tuple[str, Expr, torch.dtype]] = []  # (pointer, index, dtype) of the loop body's stores
         self.body_store_names: list[str] = []  # the buffers of body_stores
@@ -147,7 +148,7 @@ class CppKernel:
         arg = self.args.input(name)
         access = f"{arg}[{self.index_str(index)}]"
         if self.masks:  # masked-off lanes read element 0: the load may run unconditionally
-            access = f"{arg}[{_masked_index(' && '.join(self.masks), self.index_str(index), index)}]"
+            access = f"{arg}[{_masked_index(' && '.join(self.masks), self.index_str(index), self.merged(index), self.outside_var)}]"
         if self.stage is not None and self.mask_depth == 0:
             access = (self.stage.maybe_stage(self, arg, dtype, index) if name not in self.group.write_names() else None) or access
         elif not self.masks:
@@ -370,6 +371,7 @@ class CppKernel:
         # (so does one whose calls may run in batches, cpp_calls.py)
         streams = self.may_stream and (n > 1 or parallel) and streamable_writes(self)
         small_inner = pure_pointwise and n >= 2 and self.tile_var is None and not self.scatters and vectorizes_outside(outer.sizes)
+        self.outside_var = outer.variables[-2] if small_inner else None  # the loop vectorized outside the innermost
         chunk = inner_chunk(outer.sizes[-1]) if parallel and self.scatter_chunks else 0
         defer = pure_pointwise and n >= 1 and not small_inner and not chunk and (
             streams or may_batch(self, group_origins(self.group)) or (n > 1 and self.tile_var is None and not self.scatters))
@@ -770,11 +772,14 @@ class CppKernel:
         return render_unit(self, code)
 
 
-def _masked_index(mask: str, index_str: str, index: Expr) -> str:
+def _masked_index(mask: str, index_str: str, index: Expr, vector_var: sympy.Symbol | None) -> str:
     """A unit-stride index as a select (GCC turns it into a masked vector load); any other
-    as a bitwise select (a gather: GCC has no strided masked load)."""
+    as a bitwise select (a gather: GCC has no strided masked load). In a loop vectorized
+    outside the innermost one (``vector_var``), unit stride along that loop: GCC 12 -O3
+    miscompiled a masked load of stride 2 there (a pad of a (5, 2) sum read zeros for a row)."""
     expr = sympy.sympify(index)
-    if any(expr.coeff(v) == 1 for v in expr.free_symbols):
+    unit = expr.coeff(vector_var) == 1 if vector_var is not None else any(expr.coeff(v) == 1 for v in expr.free_symbols)
+    if unit:
         return f"{mask} ? {index_str} : 0"
     return f"mi_masked_index({mask}, {index_str})"
 
