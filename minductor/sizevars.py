@@ -22,10 +22,8 @@ def to_expr(value: Any) -> sympy.Expr:
     """int / SymInt / SymPy -> SymPy expression (with minductor's index functions)."""
     if isinstance(value, torch.SymInt):
         return from_torch_sympy(sympy.sympify(value.node.expr))
-    if isinstance(value, sympy.Expr):
-        return from_torch_sympy(value)
-    if isinstance(value, int):
-        return sympy.Integer(value)
+    if isinstance(value, (int, sympy.Expr)):
+        return sympy.sympify(value)
     raise TypeError(f"not a size: {value!r}")
 
 
@@ -79,9 +77,9 @@ class SizeVars:
         expr = sympy.sympify(expr)
         if not expr.has(sympy.Max, sympy.Min):
             return expr
-        shifted = {s: index_symbol(f"{s.name}_over") + self.lower.get(s, 0) for s in size_symbols(expr)}
-        back = {index_symbol(f"{s.name}_over"): s - self.lower.get(s, 0) for s in shifted}
-        return sympy.expand(expr.xreplace(shifted).xreplace(back))
+        over = {s: (index_symbol(f"{s.name}_over"), self.lower.get(s, 0)) for s in size_symbols(expr)}
+        shifted = expr.xreplace({s: t + lo for s, (t, lo) in over.items()})  # Max/Min evaluate here
+        return sympy.expand(shifted.xreplace({t: s - lo for s, (t, lo) in over.items()}))
 
     def hint(self, expr: Any) -> int:
         expr = sympy.sympify(expr).xreplace(self.var_to_val)

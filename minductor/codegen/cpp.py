@@ -146,13 +146,15 @@ class CppKernel:
         if name in self.rows:
             return self.cse.generate(self.body, f"{self.rows[name][0]}[{self.index_str(row_offset(index, len(self.group.outer)))}]")
         arg = self.args.input(name)
-        access = f"{arg}[{self.index_str(index)}]"
+        flat = self.merged(index)
+        at = cpp_index(simplify_index(flat, self.range_of))
+        access = f"{arg}[{at}]"
         if self.masks:  # masked-off lanes read element 0: the load may run unconditionally
-            access = f"{arg}[{_masked_index(' && '.join(self.masks), self.index_str(index), self.merged(index), self.outside_var)}]"
+            access = f"{arg}[{_masked_index(' && '.join(self.masks), at, flat, self.outside_var)}]"
         if self.stage is not None and self.mask_depth == 0:
             access = (self.stage.maybe_stage(self, arg, dtype, index) if name not in self.group.write_names() else None) or access
         elif not self.masks:
-            self.body_loads.append((arg, self.merged(index), dtype))
+            self.body_loads.append((arg, flat, dtype))
         if dtype == torch.float16:
             access = f"static_cast<float>({access})"
         elif dtype == torch.bfloat16:
@@ -313,7 +315,7 @@ class CppKernel:
 
     def generate(self) -> str:
         # a buffer both read and written here (mutation targets) gets one in_out pointer
-        reads = self._read_names()
+        reads = self.read_names()
         self.args.declare_inplace({n.node.mutates for n in self.group.nodes if n.node.mutates} & reads)
         self.args.declare_written_over(self.written_over)
         outer = list(self.group.outer)
@@ -637,7 +639,7 @@ class CppKernel:
                     code.writeline("}")
         code.writeline("}")
 
-    def _read_names(self) -> set[str]:
+    def read_names(self) -> set[str]:
         return set().union(*(n.read_writes.read_names() for n in self.group.nodes))
 
     def _emit_pointwise_nest(self, code: CodeBuffer, dims: MergedDims) -> None:

@@ -83,21 +83,18 @@ def emit_call_block(code: CodeBuffer, body: list[str], calls: list[int], lane: s
     (the element's offset in the block) and ``body`` with the calls read from them."""
     first: list[str] = []
     rest = list(body)
+    names = {}
     for n, i in enumerate(calls):
-        name = _CALL.match(body[i].strip()).group(1)
+        names[i] = _CALL.match(body[i].strip()).group(1)
         code.writeline(f"alignas(64) float mi_call{n}[{BATCH}];")
-        rest[i] = f"auto {name} = mi_call{n}[{lane}];"
-    needed: set[str] = set()
-    for i in range(max(calls), -1, -1):  # the calls and the definitions their arguments need
-        line = body[i].strip()
-        defined = _DEFINES.match(line)
-        if i in calls:
-            first.append(f"mi_call{calls.index(i)}[{lane}] = {defined.group(1)};")
-        elif defined is None or defined.group(1) not in needed:
-            continue
+        rest[i] = f"auto {names[i]} = mi_call{n}[{lane}];"
+    lines = [line.strip() for line in body]
+    # the calls and the definitions their arguments need, in body order
+    for i in sorted(set(calls).union(*(_argument_lines(lines, i) for i in calls))):
         first.append(body[i])
-        needed |= set(_TMP.findall(line[defined.end():]))
-    return first[::-1], rest
+        if i in names:
+            first.append(f"mi_call{calls.index(i)}[{lane}] = {names[i]};")
+    return first, rest
 
 
 def emit_batched_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, body: list[str], calls: list[int]) -> None:

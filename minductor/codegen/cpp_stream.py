@@ -68,7 +68,7 @@ def stream_condition(name: str) -> str:
 
 def streamable_writes(kernel: CppKernel) -> bool:
     """Whether ``kernel``'s group writes a buffer that ``stream_store`` could stream."""
-    reads = kernel._read_names()
+    reads = kernel.read_names()
     return any(isinstance(dep, MemoryDep) and streamable_buffer(dep.name, reads)
                for node in kernel.group.nodes for dep in node.read_writes.writes)
 
@@ -84,7 +84,7 @@ def stream_store(kernel: CppKernel, var: sympy.Symbol, length: Expr) -> StreamSt
         return None
     if sympy.sympify(length).is_number and length < LINE:
         return None
-    reads, body = kernel._read_names(), kernel.body.lines
+    reads, body = kernel.read_names(), kernel.body.lines
     for name, (arg, index, _) in zip(kernel.body_store_names, kernel.body_stores):
         if not arg.startswith("out_ptr") or not streamable_buffer(name, reads):
             continue

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 import sympy
 import torch
 
+from minductor.sizevars import to_expr
+
 Expr = sympy.Expr
 
 
@@ -50,9 +52,7 @@ def is_channels_last(layout: FixedLayout) -> bool:
 def as_exprs(values: Sequence[int | Expr | torch.SymInt]) -> list[Expr]:
     """Sizes or strides as SymPy (a SymInt's expression with minductor's index functions: a
     symbolic contiguous stride holds torch's ``Max(1, s0)``, which the printers do not know)."""
-    from minductor.sizevars import to_expr
-
-    return [to_expr(v) if isinstance(v, (torch.SymInt, sympy.Expr)) else sympy.sympify(v) for v in values]
+    return [to_expr(v) if isinstance(v, torch.SymInt) else sympy.sympify(v) for v in values]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
