@@ -54,6 +54,7 @@ _BASE_FLAGS = [
     "-fno-math-errno",
     "-fno-trapping-math",
     "-fno-loop-unroll-and-jam",
+    "-ffp-contract=off",
     "-w",
 ]
 CXX_FLAGS: list[str] = [*_BASE_FLAGS, f"-I{INCLUDE_DIR}"]
@@ -202,11 +203,10 @@ def libmvec_installed(cxx: str) -> bool:
 
 
 def _math_flags() -> tuple[list[str], list[str]]:
-    """(compile flags, link flags) of the math library kernels call. With libmvec the prelude
-    declares sinf/cosf with vector variants; -fno-builtin keeps GCC from merging a sinf and a
-    cosf of one value into sincosf, which has no vector variant (the loop would stay scalar)."""
+    """(compile flags, link flags) of the math library kernels call: with libmvec the prelude
+    routes float32 sin/cos through its vector functions."""
     if config.libmvec and libmvec_installed(config.cxx):
-        return ["-DMI_LIBMVEC", "-fno-builtin-sinf", "-fno-builtin-cosf"], ["-lmvec"]
+        return ["-DMI_LIBMVEC"], ["-lmvec"]
     return [], []
 
 

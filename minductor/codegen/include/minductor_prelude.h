@@ -56,6 +56,15 @@ static inline void mi_stream_fence() {
 // the math helpers are always inlined: a kernel of many loops can exhaust GCC's inlining
 // budget for the unit, and one call left in a loop keeps the whole loop scalar
 #define MI_MATH static inline __attribute__((always_inline))
+// Kernels compile with -ffp-contract=off: GCC fuses a * b + c where it sees fit, and its
+// choice differed between a loop's vector body and its scalar tail (one log in 2000 rounded
+// differently), so a value two kernels recompute could differ. The math below fuses where it
+// says so, the same in every loop.
+#ifdef __FMA__
+#define MI_MAD(a, b, c) __builtin_fmaf(a, b, c)
+#else
+#define MI_MAD(a, b, c) ((a) * (b) + (c))
+#endif
 #define MI_INF __builtin_inf()
 #define MI_NAN __builtin_nan("")
 
@@ -216,19 +225,19 @@ MI_MATH float mi_exp(float x) {
     // mantissa bits hold n: no rounding or conversion instruction.
     float xc = 88.75f < x ? 88.75f : x;
     xc = -87.5f > xc ? -87.5f : xc;
-    float t = xc * 1.44269504088896341f + 12582912.0f;
+    float t = MI_MAD(xc, 1.44269504088896341f, 12582912.0f);
     float n = t - 12582912.0f;
-    float r = xc - n * 0.693359375f;  // x - n ln2, ln2 in two parts
-    r = r - n * -2.12194440e-4f;
+    float r = MI_MAD(n, -0.693359375f, xc);  // x - n ln2, ln2 in two parts
+    r = MI_MAD(n, 2.12194440e-4f, r);
     // 2 e^r: the factor 2 makes the scale 2^(n-1), so e^x just below FLT_MAX stays finite
     float p = 3.9751383000E-4f;
-    p = p * r + 2.7963999014E-3f;
-    p = p * r + 1.6666903815E-2f;
-    p = p * r + 8.3331591788E-2f;
-    p = p * r + 3.3333330918E-1f;
-    p = p * r + 1.0000000240f;
-    p = p * r + 2.0f;
-    p = p * r + 2.0f;
+    p = MI_MAD(p, r, 2.7963999014E-3f);
+    p = MI_MAD(p, r, 1.6666903815E-2f);
+    p = MI_MAD(p, r, 8.3331591788E-2f);
+    p = MI_MAD(p, r, 3.3333330918E-1f);
+    p = MI_MAD(p, r, 1.0000000240f);
+    p = MI_MAD(p, r, 2.0f);
+    p = MI_MAD(p, r, 2.0f);
     int32_t scale = (__builtin_bit_cast(int32_t, t) + 126) << 23;  // 2^(n-1); 0 for n = -126
     return p * __builtin_bit_cast(float, scale);
 }
@@ -248,18 +257,18 @@ MI_MATH float mi_log(float x) {
     m = small ? m + m - 1.0f : m - 1.0f;
     float z = m * m;
     float y = 7.0376836292E-2f;
-    y = y * m - 1.1514610310E-1f;
-    y = y * m + 1.1676998740E-1f;
-    y = y * m - 1.2420140846E-1f;
-    y = y * m + 1.4249322787E-1f;
-    y = y * m - 1.6668057665E-1f;
-    y = y * m + 2.0000714765E-1f;
-    y = y * m - 2.4999993993E-1f;
-    y = y * m + 3.3333331174E-1f;
+    y = MI_MAD(y, m, -1.1514610310E-1f);
+    y = MI_MAD(y, m, 1.1676998740E-1f);
+    y = MI_MAD(y, m, -1.2420140846E-1f);
+    y = MI_MAD(y, m, 1.4249322787E-1f);
+    y = MI_MAD(y, m, -1.6668057665E-1f);
+    y = MI_MAD(y, m, 2.0000714765E-1f);
+    y = MI_MAD(y, m, -2.4999993993E-1f);
+    y = MI_MAD(y, m, 3.3333331174E-1f);
     y = y * m * z;
-    y += -2.12194440e-4f * fe;
-    y += -0.5f * z;
-    float out = m + y + 0.693359375f * fe;
+    y = MI_MAD(-2.12194440e-4f, fe, y);
+    y = MI_MAD(-0.5f, z, y);
+    float out = MI_MAD(0.693359375f, fe, m + y);
     out = x == 0.0f ? -__builtin_inff() : out;
     out = x == __builtin_inff() ? x : out;
     return x >= 0.0f ? out : __builtin_nanf("");  // NaN and negatives
@@ -270,11 +279,11 @@ MI_MATH float mi_tanh(float x) {
     float ax = __builtin_fabsf(x);
     float z = x * x;
     float p = -5.70498872745E-3f;
-    p = p * z + 2.06390887954E-2f;
-    p = p * z - 5.37397155531E-2f;
-    p = p * z + 1.33314422036E-1f;
-    p = p * z - 3.33332819422E-1f;
-    float small = x + x * z * p;
+    p = MI_MAD(p, z, 2.06390887954E-2f);
+    p = MI_MAD(p, z, -5.37397155531E-2f);
+    p = MI_MAD(p, z, 1.33314422036E-1f);
+    p = MI_MAD(p, z, -3.33332819422E-1f);
+    float small = MI_MAD(x * z, p, x);
     float e = mi_exp(2.0f * (ax < 44.0f ? ax : 44.0f));
     float big = __builtin_copysignf(1.0f - 2.0f / (e + 1.0f), x);
     float out = ax < 0.625f ? small : big;
@@ -291,34 +300,89 @@ MI_MATH float mi_erf(float x) {
     xc = -4.0f > xc ? -4.0f : xc;
     float z = xc * xc;
     float p = -2.72614225801306e-10f;
-    p = p * z + 2.77068142495902e-08f;
-    p = p * z - 2.10102402082508e-06f;
-    p = p * z - 5.69250639462346e-05f;
-    p = p * z - 7.34990630326855e-04f;
-    p = p * z - 2.95459980854025e-03f;
-    p = p * z - 1.60960333262415e-02f;
+    p = MI_MAD(p, z, 2.77068142495902e-08f);
+    p = MI_MAD(p, z, -2.10102402082508e-06f);
+    p = MI_MAD(p, z, -5.69250639462346e-05f);
+    p = MI_MAD(p, z, -7.34990630326855e-04f);
+    p = MI_MAD(p, z, -2.95459980854025e-03f);
+    p = MI_MAD(p, z, -1.60960333262415e-02f);
     float q = -1.45660718464996e-05f;
-    q = q * z - 2.13374055278905e-04f;
-    q = q * z - 1.68282697438203e-03f;
-    q = q * z - 7.37332916720468e-03f;
-    q = q * z - 1.42647390514189e-02f;
+    q = MI_MAD(q, z, -2.13374055278905e-04f);
+    q = MI_MAD(q, z, -1.68282697438203e-03f);
+    q = MI_MAD(q, z, -7.37332916720468e-03f);
+    q = MI_MAD(q, z, -1.42647390514189e-02f);
     return xc * (p / q);  // p / q first: x p would go subnormal for tiny x
 }
 static inline double mi_erf(double x) { return __builtin_erf(x); }
 
 #ifdef MI_LIBMVEC
-// glibc's libmvec: vector variants of sinf/cosf (_ZGVdN8v_sinf on AVX2, ...), which loops under
-// `omp simd` call once per vector; within 2 ulp for every argument, huge ones included
-extern "C" float sinf(float) __attribute__((simd("notinbranch"), nothrow, const));
-extern "C" float cosf(float) __attribute__((simd("notinbranch"), nothrow, const));
-MI_MATH float mi_sin(float x) { return sinf(x); }
-MI_MATH float mi_cos(float x) { return cosf(x); }
+// glibc's libmvec: vector sinf/cosf, within 2 ulp for every argument, huge ones included. Its
+// variants do not round alike: scalar sinf differs from _ZGVeN16v_sinf on 23% of arguments, the
+// SSE variant on 25%. A value two kernels recompute must round the same in both (a loop's tail
+// against a vector body: an amax's tie mask over sin(x) found no tie, NaN gradients), so
+// mi_vsinf/mi_vcosf declare vector variants of every width, and these and the scalar function
+// all call libmvec's widest variant for the target, the unused lanes zero.
+#if defined(__AVX512F__)
+#define MI_MVEC_LANES 16
+#define MI_MVEC(f) _ZGVeN16v_##f
+#elif defined(__AVX2__)
+#define MI_MVEC_LANES 8
+#define MI_MVEC(f) _ZGVdN8v_##f
+#elif defined(__AVX__)
+#define MI_MVEC_LANES 8
+#define MI_MVEC(f) _ZGVcN8v_##f
+#else
+#define MI_MVEC_LANES 4
+#define MI_MVEC(f) _ZGVbN4v_##f
+#endif
+typedef float mi_mvec_t __attribute__((vector_size(4 * MI_MVEC_LANES)));
+typedef float mi_mvec4_t __attribute__((vector_size(16)));
+typedef float mi_mvec8_t __attribute__((vector_size(32)));
+typedef float mi_mvec16_t __attribute__((vector_size(64)));
+extern "C" mi_mvec_t MI_MVEC(sinf)(mi_mvec_t);
+extern "C" mi_mvec_t MI_MVEC(cosf)(mi_mvec_t);
+// the variant `mangled` (GCC's vector-function ABI name) of `name`, T values in and out; weak,
+// since every translation unit of a kernel (MI_PART) defines it
+#define MI_MVEC_VARIANT(mangled, f, T) \
+    extern "C" __attribute__((visibility("hidden"), used, weak)) T mangled(T x) { \
+        mi_mvec_t w = {}; \
+        __builtin_memcpy(&w, &x, sizeof x); \
+        w = MI_MVEC(f)(w); \
+        T out; \
+        __builtin_memcpy(&out, &w, sizeof out); \
+        return out; \
+    }
+#if defined(__AVX512F__)
+#define MI_MVEC_WIDE_VARIANTS(name, f) MI_MVEC_VARIANT(_ZGVcN8v_##name, f, mi_mvec8_t) \
+    MI_MVEC_VARIANT(_ZGVdN8v_##name, f, mi_mvec8_t) MI_MVEC_VARIANT(_ZGVeN16v_##name, f, mi_mvec16_t)
+#elif defined(__AVX2__)
+#define MI_MVEC_WIDE_VARIANTS(name, f) MI_MVEC_VARIANT(_ZGVcN8v_##name, f, mi_mvec8_t) \
+    MI_MVEC_VARIANT(_ZGVdN8v_##name, f, mi_mvec8_t)
+#elif defined(__AVX__)
+#define MI_MVEC_WIDE_VARIANTS(name, f) MI_MVEC_VARIANT(_ZGVcN8v_##name, f, mi_mvec8_t)
+#else
+#define MI_MVEC_WIDE_VARIANTS(name, f)
+#endif
+// The scalar function is a plain definition under another name, and an assembler alias gives
+// it the declared name: GCC takes a function defined in the unit under the simd attribute as
+// one whose variants it derives itself (and from an alias it derives none: no loop vectorizes)
+#define MI_MVEC_FUNCTION(name, f) \
+    extern "C" float name(float) __attribute__((simd("notinbranch"), nothrow, const, visibility("hidden"))); \
+    MI_MVEC_VARIANT(_ZGVbN4v_##name, f, mi_mvec4_t) \
+    MI_MVEC_WIDE_VARIANTS(name, f) \
+    MI_MVEC_VARIANT(name##_scalar, f, float) \
+    __asm__(".weak " #name "\n.hidden " #name "\n.set " #name ", " #name "_scalar\n");
+MI_MVEC_FUNCTION(mi_vsinf, sinf)
+MI_MVEC_FUNCTION(mi_vcosf, cosf)
+MI_MATH float mi_sin(float x) { return mi_vsinf(x); }
+MI_MATH float mi_cos(float x) { return mi_vcosf(x); }
 #else
 // sin/cos: quadrant from a double-precision reduction by pi/2, then float polynomials
 MI_MATH float mi_sincos_poly(float r, int32_t q, bool want_cos) {
     float z = r * r;
-    float s = r + r * z * (-1.6666654611E-1f + z * (8.3321608736E-3f + z * -1.9515295891E-4f));
-    float c = 1.0f - 0.5f * z + z * z * (4.166664568298827E-2f + z * (-1.388731625493765E-3f + z * 2.443315711809948E-5f));
+    float s = MI_MAD(r * z, MI_MAD(z, MI_MAD(z, -1.9515295891E-4f, 8.3321608736E-3f), -1.6666654611E-1f), r);
+    float c = MI_MAD(z * z, MI_MAD(z, MI_MAD(z, 2.443315711809948E-5f, -1.388731625493765E-3f), 4.166664568298827E-2f),
+                     MI_MAD(-0.5f, z, 1.0f));
     int32_t k = (q + (want_cos ? 1 : 0)) & 3;
     float v = (k & 1) ? c : s;
     return (k & 2) ? -v : v;
