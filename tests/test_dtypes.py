@@ -146,3 +146,21 @@ def test_promotion() -> None:
         "int_true_div": lambda a, x: a / 3,
         "where_int_float": lambda a, x: torch.where(a > 0, a, x),
     }, a, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_reduction_results_kept_in_a_local_keep_their_dtype(dtype: torch.dtype) -> None:
+    """A half/bfloat16 reduction consumed in the same iteration lives in a local of its storage
+    type. bfloat16 is stored as its 16 bits: the local was written with a numeric cast and read
+    raw (a column sum divided by 3 came out 13120). A mean rounds once, as eager's does."""
+    x = torch.randn(300, 37).to(dtype).t()
+    check({"sum": lambda t: t.sum(1) / 3, "amax": lambda t: t.amax(1) - 1, "mean": lambda t: t.mean(1),
+           "mean_rows": lambda t: t.t().mean(1)}, x, exact=False)
+
+
+@pytest.mark.parametrize("dst", [torch.int8, torch.uint8, torch.int16], ids=_name)
+def test_float_to_narrow_int_and_back_in_one_kernel(dst: torch.dtype) -> None:
+    """The narrow integer is never stored: converted straight back, a direct C++ cast out of
+    the type's range let GCC skip the wrap-around (uint8 of -3.7 came back as -3, not 253)."""
+    x = torch.tensor([-3.7, -100.0, 50.2, -0.5, 200.0, 300.0, -300.0, 1e10, -1e10, 127.5, -128.5, 255.9])
+    check({"back": lambda t: t.to(dst).float() * 2, "via_double": lambda t: t.double().to(dst).to(torch.float16)}, x)

@@ -147,6 +147,13 @@ def test_integer_semantics() -> None:
     check(lambda x, y: (x // y, x % y, torch.fmod(x, y), x.trunc(), x.round(), torch.maximum(x, y)), x, y)
 
 
+def test_float_to_narrow_int_wraps_as_eager() -> None:
+    """Through int32: a float to uint8 conversion of a negative value is undefined (eager wraps:
+    -3.7 -> 253)."""
+    x = torch.tensor([-3.7, -100.0, 50.2, -0.5, 200.0, 300.0, -300.0, 127.5, -128.5, 255.9])
+    check(lambda t: (t.to(torch.uint8).float(), t.to(torch.int8).float(), t.to(torch.int16), t.to(torch.uint8)), x)
+
+
 def test_debug_dump_writes_kernel_files(tmp_path: Any) -> None:
     with config.patch(debug=True, debug_dir=str(tmp_path)):
         check(lambda x: x.exp().sum(-1), torch.randn(4, 10))

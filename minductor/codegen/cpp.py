@@ -16,7 +16,17 @@ from typing import Any
 import sympy
 import torch
 
-from minductor.codegen.common import CPP_COMPUTE_TYPES, CPP_STORAGE_TYPES, CSE, CodeBuffer, KernelArgs, cpp_index, paren
+from minductor.codegen.common import (
+    CPP_COMPUTE_TYPES,
+    CPP_STORAGE_TYPES,
+    CSE,
+    CodeBuffer,
+    KernelArgs,
+    cpp_index,
+    from_storage,
+    paren,
+    to_storage,
+)
 from minductor.codegen.cpp_calls import may_batch
 from minductor.codegen.cpp_interior import emit_innermost
 from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
@@ -142,9 +152,10 @@ class CppKernel:
     def load(self, name: str, index: Expr) -> str:
         dtype = V.graph.get_dtype(name)
         if name in self.local:
-            return self.cse.generate(self.body, f"{self.local[name]}[0]")
+            return self.cse.generate(self.body, from_storage(dtype, f"{self.local[name]}[0]"))
         if name in self.rows:
-            return self.cse.generate(self.body, f"{self.rows[name][0]}[{self.index_str(row_offset(index, len(self.group.outer)))}]")
+            at = self.index_str(row_offset(index, len(self.group.outer)))
+            return self.cse.generate(self.body, from_storage(dtype, f"{self.rows[name][0]}[{at}]"))
         arg = self.args.input(name)
         flat = self.merged(index)
         at = cpp_index(simplify_index(flat, self.range_of))
@@ -155,25 +166,19 @@ class CppKernel:
             access = (self.stage.maybe_stage(self, arg, dtype, index) if name not in self.group.write_names() else None) or access
         elif not self.masks:
             self.body_loads.append((arg, flat, dtype))
-        if dtype == torch.float16:
-            access = f"static_cast<float>({access})"
-        elif dtype == torch.bfloat16:
-            access = f"mi_bf16_to_float({access})"
-        elif dtype == torch.bool:
-            access = f"static_cast<bool>({access})"
-        return self.cse.generate(self.body, access)
+        return self.cse.generate(self.body, from_storage(dtype, access))
 
     def store(self, name: str, index: Expr, value: str, buffer: CodeBuffer, mode: str | None = None) -> None:
         dtype = V.graph.get_dtype(name)
         if name in self.local:
             assert mode is None, "locals hold reduction results only"
-            buffer.writeline(f"{self.local[name]}[0] = static_cast<{CPP_STORAGE_TYPES[dtype]}>({value});")
+            buffer.writeline(f"{self.local[name]}[0] = {to_storage(dtype, value)};")
             return
         if name in self.rows:
             assert mode is None, "row scratch holds pointwise values only"
             array = self.rows[name][0]
             offset = self.index_str(row_offset(index, len(self.group.outer)))
-            buffer.writeline(f"{array}[{offset}] = static_cast<{CPP_STORAGE_TYPES[dtype]}>({value});")
+            buffer.writeline(f"{array}[{offset}] = {to_storage(dtype, value)};")
             self.cse.cache = {expr: var for expr, var in self.cse.cache.items() if not expr.startswith(f"{array}[")}
             return
         arg = self.args.output(name)
@@ -181,13 +186,7 @@ class CppKernel:
             current = self.load(name, index) if buffer is self.body else None
             assert current is not None, "combining stores happen in loop bodies"
             value = self.cse.generate(self.body, store_combine(mode, current, value))
-        if dtype == torch.float16:
-            value = f"static_cast<mi_half>({value})"
-        elif dtype == torch.bfloat16:
-            value = f"mi_float_to_bf16({value})"
-        else:
-            value = f"static_cast<{CPP_STORAGE_TYPES[dtype]}>({value})"
-        buffer.writeline(f"{arg}[{self.index_str(index)}] = {value};")
+        buffer.writeline(f"{arg}[{self.index_str(index)}] = {to_storage(dtype, value)};")
         if buffer is self.body and mode is None:
             self.body_stores.append((arg, self.merged(index), dtype))
             self.body_store_names.append(name)

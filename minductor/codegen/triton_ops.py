@@ -351,6 +351,10 @@ class TritonOps:
             return self._cse(f"{x}.to({TRITON_TYPES[dtype]}).to(tl.float32)", torch.float32, x)
         if dtype == x.dtype:
             return x
+        if x.dtype.is_floating_point and dtype in (torch.int8, torch.uint8, torch.int16):
+            # through int32, wrapping as eager does (a float to uint8 conversion of -3.7 is
+            # undefined; eager gives 253)
+            return self._cse(f"{x}.to(tl.int32).to({TRITON_TYPES[dtype]})", dtype, x)
         return self._cse(f"{x}.to({TRITON_TYPES[dtype]})", dtype, x)
 
     def masked(self, mask: TV, body: Callable[[], Any], other: bool | float) -> TV:

@@ -128,10 +128,13 @@ def mean(x: TensorBox, dims: Any = None, keepdim: bool = False, dtype: torch.dty
     out_dtype = dtype or x.get_dtype()
     if not out_dtype.is_floating_point:
         raise Unsupported("mean of an integer tensor (eager raises)")
-    total = make_reduction(to_dtype(x, out_dtype), dims, keepdim, "sum", out_dtype)
+    # half and bfloat16: the sum and the division in float, rounded once (as eager does; a sum
+    # rounded to bfloat16 and then divided was off by up to an ulp)
+    acc_dtype = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    total = make_reduction(to_dtype(x, acc_dtype), dims, keepdim, "sum", acc_dtype)
     size = x.get_size()
     count = sympy.Mul(*[size[d] for d in _dims(dims, len(size))]) if size else sympy.Integer(1)
-    return div(total, float(count) if count.is_number else count)
+    return to_dtype(div(total, float(count) if count.is_number else count), out_dtype)
 
 
 @register_lowering(aten.amax)

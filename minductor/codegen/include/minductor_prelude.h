@@ -10,6 +10,13 @@ template <> struct mi_is_float<float> { static constexpr bool value = true; };
 template <> struct mi_is_float<double> { static constexpr bool value = true; };
 template <typename A, typename B> struct mi_same { static constexpr bool value = false; };
 template <typename A> struct mi_same<A, A> { static constexpr bool value = true; };
+// A float converted to an integer type narrower than 32 bits goes through int32 and wraps, as
+// eager's conversion does on x86 (-3.7 -> uint8 253). A direct cast is undefined outside the
+// type's range, and GCC took it so: (float)(uint8_t)x of -3.7 came out -3.
+template <typename T, typename S> static inline T mi_narrow_int(S x) {
+    if constexpr (mi_is_float<S>::value) return static_cast<T>(static_cast<int32_t>(x));
+    else return static_cast<T>(x);
+}
 
 static inline int64_t mi_min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t mi_max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
