@@ -356,8 +356,8 @@ class CppOps:
             return self._cse(f"mi_round_half(static_cast<float>({x}))")
         if dtype == torch.bfloat16:
             return self._cse(f"mi_round_bf16(static_cast<float>({x}))")
-        narrow = dtype in (torch.int8, torch.uint8, torch.int16)
-        var = self._cse(f"{'mi_narrow_int' if narrow else 'static_cast'}<{CPP_TYPES[dtype]}>({x})")
+        to_int = dtype in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+        var = self._cse(f"{'mi_to_int' if to_int else 'static_cast'}<{CPP_TYPES[dtype]}>({x})")
         if x in self.kernel.index_values and dtype in INDEX_DTYPES:
             self.kernel.index_values[var] = self.kernel.index_values[x]
         return var

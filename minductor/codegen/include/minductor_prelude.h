@@ -10,12 +10,21 @@ template <> struct mi_is_float<float> { static constexpr bool value = true; };
 template <> struct mi_is_float<double> { static constexpr bool value = true; };
 template <typename A, typename B> struct mi_same { static constexpr bool value = false; };
 template <typename A> struct mi_same<A, A> { static constexpr bool value = true; };
-// A float converted to an integer type narrower than 32 bits goes through int32 and wraps, as
-// eager's conversion does on x86 (-3.7 -> uint8 253). A direct cast is undefined outside the
-// type's range, and GCC took it so: (float)(uint8_t)x of -3.7 came out -3.
-template <typename T, typename S> static inline T mi_narrow_int(S x) {
-    if constexpr (mi_is_float<S>::value) return static_cast<T>(static_cast<int32_t>(x));
-    else return static_cast<T>(x);
+// A float converted to a signed integer type (T: int8 to int64): truncated toward zero within
+// range; NaN and values out of int32/int64 range give its minimum, and narrower types go through
+// int32 and wrap (uint8 of -3.7: 253), as x86's conversions, and so eager, do. A plain C++ cast
+// is undefined there, and GCC took it so: (float)(int64_t)x became trunc(x) (3.4e38 where
+// eager gives -9.2e18), (float)(uint8_t)x of -3.7 came out -3, and bfloat16 NaN converted to 0.
+template <typename T, typename S> static inline T mi_to_int(S x) {
+    if constexpr (!mi_is_float<S>::value) {
+        return static_cast<T>(x);
+    } else if constexpr (sizeof(T) < 4) {
+        return static_cast<T>(mi_to_int<int32_t>(x));
+    } else {
+        constexpr S limit = sizeof(T) == 8 ? S(9223372036854775808.0) : S(2147483648.0);
+        constexpr T lowest = static_cast<T>(static_cast<uint64_t>(1) << (8 * sizeof(T) - 1));
+        return x >= -limit && x < limit ? static_cast<T>(x) : lowest;
+    }
 }
 
 static inline int64_t mi_min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
