@@ -473,3 +473,17 @@ def test_slices_of_symbolic_sizes_agree_with_dynamos_sizes(name) -> None:
         out.backward(grad)
         ref.backward(grad)
         torch.testing.assert_close(x.grad, xr.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_arange_to_a_symbolic_size_is_int64() -> None:
+    """``arange`` with an integer symbolic bound is int64 as in eager: it was float32, so a roll
+    (decomposed into an index_select through ``(arange(n) + shift) % n``) handed aten a float index."""
+    fns = {"roll": lambda t: t.roll(1, 1) * 2, "roll_neg": lambda t: t.roll(-2, 0).sin(),
+           "arange": lambda t: t + torch.arange(t.shape[1]), "arange_dtype": lambda t: torch.arange(t.shape[0])}
+    compiled = {name: torch.compile(fn, backend="minductor", dynamic=True) for name, fn in fns.items()}
+    for shape in ((3, 5), (4, 7), (6, 2)):
+        x = torch.randn(shape)
+        for name, fn in fns.items():
+            got, ref = compiled[name](x), fn(x)
+            assert got.dtype == ref.dtype, (name, got.dtype, ref.dtype)
+            torch.testing.assert_close(got, ref, msg=lambda m, n=name: f"{n}: {m}")

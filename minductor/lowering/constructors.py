@@ -139,7 +139,9 @@ def arange(*args: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> Tenso
     _check_layout(kwargs)
     start, end, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) > 2 else 1)
     if dtype is None:
-        dtype = torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype()
+        # integer bounds (sizes of a dynamic graph among them) give int64, as in eager
+        integer = all(isinstance(v, int) or (isinstance(v, sympy.Expr) and v.is_integer) for v in (start, end, step))
+        dtype = torch.int64 if integer else torch.get_default_dtype()
     numeric = all(isinstance(v, (int, float)) or (isinstance(v, sympy.Expr) and v.is_number) for v in (start, end, step))
     if numeric and not dtype.is_floating_point:
         # eager converts the bounds to the integer type first: arange(0.5, 6.5, 1.5, dtype=int64) is 0..5
