@@ -158,3 +158,11 @@ def test_float_to_int_and_back_in_one_kernel(dst: torch.dtype) -> None:
     x = torch.tensor([-3.7, -100.0, 50.2, -0.5, 200.0, 300.0, -300.0, 1e10, -1e10, 127.5, -128.5, 255.9, 3.4e38,
                       -3.4e38, 9.3e18, -9.3e18, 2.2e9, -2.2e9, NAN, INF, -INF])
     check({"back": lambda t: t.to(dst).float() * 2, "via_double": lambda t: t.double().to(dst).to(torch.float16)}, x)
+
+
+def test_an_integer_zero_converted_to_float_is_positive_zero() -> None:
+    """float -> int -> float of x in (-1, 0) is +0.0: GCC folds the pair into trunc(x), which is
+    -0.0, and a copysign by it took the wrong sign."""
+    x = torch.tensor([-0.5, 0.5, -1.5, -0.2, -0.99, 0.0, -0.0, 2.5] * 5)
+    check({f"{_name(i)}_{_name(f)}": (lambda t, i=i, f=f: torch.copysign(t, t.clamp(-100, 100).to(i).to(f)))
+           for i in (torch.int64, torch.int32, torch.int8) for f in (torch.float32, torch.float64, torch.float16)}, x)

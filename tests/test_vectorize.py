@@ -50,8 +50,9 @@ def test_every_pair_of_prelude_functions_vectorizes(libmvec: bool, tmp_path: Pat
 
 @pytest.mark.parametrize("fn", [lambda x, y: ((x.sin() + 1) * 2).exp().relu() - y,
                                 lambda x, y: torch.nn.functional.gelu(x) * torch.sigmoid(y).tanh(),
-                                lambda x, y: torch.maximum(x.exp(), y.cos()).log()],
-                         ids=["pointwise6", "gelu_sigmoid_tanh", "maximum_exp_cos_log"])
+                                lambda x, y: torch.maximum(x.exp(), y.cos()).log(),
+                                lambda x, y: torch.copysign(x, (x * 3).long().float()) + (y * 5).to(torch.int8)],
+                         ids=["pointwise6", "gelu_sigmoid_tanh", "maximum_exp_cos_log", "int_conversions"])
 def test_generated_pointwise_kernels_vectorize(fn, tmp_path: Path) -> None:
     x, y = torch.randn(64, 256), torch.randn(64, 256)
     with config.patch(debug=True, debug_dir=str(tmp_path / "dump")):

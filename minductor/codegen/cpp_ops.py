@@ -353,11 +353,12 @@ class CppOps:
 
     def to_dtype(self, x: str, dtype: torch.dtype) -> str:
         if dtype == torch.float16:
-            return self._cse(f"mi_round_half(static_cast<float>({x}))")
+            return self._cse(f"mi_round_half(mi_to_float<float>({x}))")
         if dtype == torch.bfloat16:
-            return self._cse(f"mi_round_bf16(static_cast<float>({x}))")
+            return self._cse(f"mi_round_bf16(mi_to_float<float>({x}))")
         to_int = dtype in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
-        var = self._cse(f"{'mi_to_int' if to_int else 'static_cast'}<{CPP_TYPES[dtype]}>({x})")
+        helper = "mi_to_int" if to_int else "mi_to_float" if dtype in (torch.float32, torch.float64) else "static_cast"
+        var = self._cse(f"{helper}<{CPP_TYPES[dtype]}>({x})")
         if x in self.kernel.index_values and dtype in INDEX_DTYPES:
             self.kernel.index_values[var] = self.kernel.index_values[x]
         return var

@@ -22,9 +22,28 @@ template <typename T, typename S> static inline T mi_to_int(S x) {
         return static_cast<T>(mi_to_int<int32_t>(x));
     } else {
         constexpr S limit = sizeof(T) == 8 ? S(9223372036854775808.0) : S(2147483648.0);
-        constexpr T lowest = static_cast<T>(static_cast<uint64_t>(1) << (8 * sizeof(T) - 1));
-        return x >= -limit && x < limit ? static_cast<T>(x) : lowest;
+        // out of range to -limit, which converts to the minimum (a select on the float: one on
+        // the integer, 64-bit lanes under a 32-bit float mask, left GCC 12's loop scalar)
+        const S below = x < limit ? x : -limit;
+        return static_cast<T>(below >= -limit ? below : -limit);
     }
+}
+// An integer converted to a float (T: float or double), + 0 so that an integer zero is +0.0.
+// With -fno-trapping-math GCC folds (float)(int64_t)x into trunc(x), which is -0.0 for x in
+// (-1, 0): copysign(x, float(int(x))) took the wrong sign. GCC also drops a plain + 0 there (an
+// integer converted is never -0.0), so the barrier keeps the add; a select on r == 0 instead
+// left the loop scalar.
+#ifdef __has_builtin
+#if __has_builtin(__builtin_assoc_barrier)
+#define MI_OPAQUE(x) __builtin_assoc_barrier(x)
+#endif
+#endif
+#ifndef MI_OPAQUE
+#define MI_OPAQUE(x) (x)
+#endif
+template <typename T, typename S> static inline T mi_to_float(S x) {
+    if constexpr (mi_is_float<S>::value) return static_cast<T>(x);
+    else return MI_OPAQUE(static_cast<T>(x)) + T(0);
 }
 
 static inline int64_t mi_min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
