@@ -42,6 +42,18 @@ def from_torch_sympy(expr: sympy.Expr) -> sympy.Expr:
         return FloorDiv(args[0] + args[1] - 1, args[1]) if name == "CeilDiv" else FloorDiv(args[0], args[1])
     if name in ("PythonMod", "Mod") and len(args) == 2:
         return ModularIndexing(args[0], 1, args[1])
+    # float arithmetic on sizes (interpolate's floor(size * scale)): exact, as rationals
+    if name == "ToFloat" and len(args) == 1:
+        return args[0]
+    if name == "FloatTrueDiv" and len(args) == 2:
+        return args[0] / args[1]
+    if name in ("TruncToInt", "FloorToInt", "CeilToInt") and len(args) == 1:
+        exact = args[0].xreplace({f: sympy.nsimplify(f, rational=True) for f in args[0].atoms(sympy.Float)})
+        numerator, denominator = sympy.fraction(sympy.together(exact))
+        if denominator == 1:
+            return numerator
+        # sizes are non-negative, so truncation is the floor
+        return FloorDiv(numerator + denominator - 1 if name == "CeilToInt" else numerator, denominator)
     return expr.func(*args)
 
 

@@ -487,3 +487,26 @@ def test_arange_to_a_symbolic_size_is_int64() -> None:
             got, ref = compiled[name](x), fn(x)
             assert got.dtype == ref.dtype, (name, got.dtype, ref.dtype)
             torch.testing.assert_close(got, ref, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("name", ["interpolate_nearest", "interpolate_bilinear", "mse_loss", "group_norm"])
+def test_size_arithmetic_in_floats_and_symbolic_fill_values(name: str) -> None:
+    """Interpolation by a scale factor sizes its output as ``TruncToInt(1.5*ToFloat(s0))``, which
+    is a FloorDiv of rationals here (it reached the C++ printer); an MSE loss's and a group norm's
+    backward fill a tensor with a symbolic element count (``scalar_tensor(s0*s1)``)."""
+    fns = {
+        "interpolate_nearest": lambda t: F.interpolate(t, scale_factor=1.5, mode="nearest").sum(),
+        "interpolate_bilinear": lambda t: (F.interpolate(t, scale_factor=1.5, mode="bilinear") ** 2).sum(),
+        "mse_loss": lambda t: F.mse_loss(t, torch.zeros_like(t)),
+        "group_norm": lambda t: (F.group_norm(t, 3) ** 2).sum(),
+    }
+    fn = fns[name]
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for shape in [(2, 3, 8, 9), (1, 3, 5, 7), (3, 6, 4, 11)]:
+        x = torch.randn(shape, requires_grad=True)
+        xr = x.detach().clone().requires_grad_()
+        out, ref = compiled(x), fn(xr)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        out.backward()
+        ref.backward()
+        torch.testing.assert_close(x.grad, xr.grad, rtol=1e-4, atol=1e-5)

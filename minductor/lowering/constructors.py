@@ -22,6 +22,7 @@ from minductor.lowering.registry import (
     origins_of,
     promote,
     register_lowering,
+    scalar_loader,
     to_dtype,
 )
 from minductor.lowering.views import unsqueeze
@@ -50,15 +51,9 @@ def _check_layout(kwargs: dict[str, Any]) -> None:
 
 
 def full_of(size: Sequence[Any], value: Any, dtype: torch.dtype, device: torch.device) -> TensorBox:
-    if dtype == torch.bool:
-        value = bool(value)
-    elif not dtype.is_floating_point:
-        value = int(value)
-    else:
-        value = float(value)
-    return TensorBox.create(
-        Pointwise(device, dtype, lambda index: ops.constant(value, dtype), [sympy.sympify(s) for s in size], origins=frozenset({"full"}))
-    )
+    """``value`` may be symbolic (a dynamic graph's element count, filled in for a mean's backward)."""
+    load = scalar_loader(value, dtype)
+    return TensorBox.create(Pointwise(device, dtype, load, [sympy.sympify(s) for s in size], origins=frozenset({"full"})))
 
 
 def _default_dtype(value: Any) -> torch.dtype:
