@@ -400,15 +400,24 @@ extern "C" mi_mvec_t MI_MVEC(cosf)(mi_mvec_t);
 #endif
 // The scalar function is a plain definition under another name, and an assembler alias gives
 // it the declared name: GCC takes a function defined in the unit under the simd attribute as
-// one whose variants it derives itself (and from an alias it derives none: no loop vectorizes)
-#define MI_MVEC_FUNCTION(name, f) \
-    extern "C" float name(float) __attribute__((simd("notinbranch"), nothrow, const, visibility("hidden"))); \
+// one whose variants it derives itself (and from an alias it derives none: no loop vectorizes).
+// A unit that calls no sin (cos) defines MI_NO_SIN (MI_NO_COS; cpp_unit.py): the definitions
+// of both cost ~12 ms of g++ time a unit.
+#define MI_MVEC_DECLARE(name) \
+    extern "C" float name(float) __attribute__((simd("notinbranch"), nothrow, const, visibility("hidden")));
+#define MI_MVEC_DEFINE(name, f) \
     MI_MVEC_VARIANT(_ZGVbN4v_##name, f, mi_mvec4_t) \
     MI_MVEC_WIDE_VARIANTS(name, f) \
     MI_MVEC_VARIANT(name##_scalar, f, float) \
     __asm__(".weak " #name "\n.hidden " #name "\n.set " #name ", " #name "_scalar\n");
-MI_MVEC_FUNCTION(mi_vsinf, sinf)
-MI_MVEC_FUNCTION(mi_vcosf, cosf)
+MI_MVEC_DECLARE(mi_vsinf)
+MI_MVEC_DECLARE(mi_vcosf)
+#ifndef MI_NO_SIN
+MI_MVEC_DEFINE(mi_vsinf, sinf)
+#endif
+#ifndef MI_NO_COS
+MI_MVEC_DEFINE(mi_vcosf, cosf)
+#endif
 MI_MATH float mi_sin(float x) { return mi_vsinf(x); }
 MI_MATH float mi_cos(float x) { return mi_vcosf(x); }
 #else
