@@ -157,10 +157,7 @@ def random_network(seed: int) -> tuple[_Net, torch.Tensor]:
 def _run(seed: int, dynamic: bool) -> None:
     net, x = random_network(seed)
     t = torch.randn(x.shape[0], 1, *x.shape[2:])
-    try:
-        net(x, t)  # (initializes the lazy linear layer)
-    except RuntimeError as e:  # a drawn network eager rejects (an output size below 1, ...)
-        pytest.skip(f"eager rejects seed {seed}'s network: {str(e).splitlines()[0][:120]}")
+    net(x, t)  # (initializes the lazy linear layer)
     mine, theirs, wide = copy.deepcopy(net), copy.deepcopy(net), copy.deepcopy(net).double()
     x1, x2, x64 = x.clone().requires_grad_(), x.clone().requires_grad_(), x.double().requires_grad_()
     torch._dynamo.reset()

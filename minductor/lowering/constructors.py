@@ -51,7 +51,8 @@ def _check_layout(kwargs: dict[str, Any]) -> None:
 
 
 def full_of(size: Sequence[Any], value: Any, dtype: torch.dtype, device: torch.device) -> TensorBox:
-    """``value`` may be symbolic (a dynamic graph's element count, filled in for a mean's backward)."""
+    """``value`` may be symbolic: a dynamic graph's element count (an MSE loss's or a group
+    norm's backward fills a tensor with it)."""
     load = scalar_loader(value, dtype)
     return TensorBox.create(Pointwise(device, dtype, load, [sympy.sympify(s) for s in size], origins=frozenset({"full"})))
 
