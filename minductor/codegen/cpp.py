@@ -267,7 +267,7 @@ class CppKernel:
             ctype = CPP_COMPUTE_TYPES[src_dtype if rtype in ("argmax", "argmin") else dtype]
             acc_type, init, update, combine = reduction_code(rtype, ctype, acc, value, self.index_str(self.rlinear))
             lane = f"{acc}_lanes[mi_lane]"
-            update = reduction_code(rtype, ctype, lane, value, self.index_str(self.rlinear), columns=self.tile_var is not None)[2]
+            update = reduction_code(rtype, ctype, lane, value, self.index_str(self.rlinear))[2]
             lanes = self.outer_lanes if self.tile_var is not None else self.lane_slots
             used = "mi_wl" if self.wide_lanes else lanes  # the slots this row's lanes use
             if rtype == "welford_reduce" and self.welford_rw:
@@ -739,12 +739,19 @@ class CppKernel:
             if acc in welford:
                 continue
             # a pairwise tree (halving, each level one vector op): a chain of lanes - 1 dependent
-            # combines cost ~5% of a 4096-wide row sum
-            pair = combine.format(a=f"{acc}_lanes[mi_l]", b=f"{acc}_lanes[mi_l + mi_w]")
-            code.writeline(f"for (int mi_w = {'mi_wl' if wide else self.lane_slots} / 2; mi_w > 0; mi_w /= 2)")
-            with code.indent():
+            # combines cost ~5% of a 4096-wide row sum. Levels of constant width become shuffles;
+            # a loop over the width went through the stack (attention's 128-wide rows: 7% of it)
+            pair = lambda w: combine.format(a=f"{acc}_lanes[mi_l]", b=f"{acc}_lanes[mi_l + {w}]")  # noqa: E731
+            if wide:
+                code.writeline("for (int mi_w = mi_wl / 2; mi_w > 0; mi_w /= 2)")
+                with code.indent():
+                    code.writeline("#pragma omp simd")
+                    code.writeline(f"for (int mi_l = 0; mi_l < mi_w; mi_l++) {acc}_lanes[mi_l] = {pair('mi_w')};")
+            w = 0 if wide else self.lane_slots // 2
+            while w:
                 code.writeline("#pragma omp simd")
-                code.writeline(f"for (int mi_l = 0; mi_l < mi_w; mi_l++) {acc}_lanes[mi_l] = {pair};")
+                code.writeline(f"for (int mi_l = 0; mi_l < {w}; mi_l++) {acc}_lanes[mi_l] = {pair(w)};")
+                w //= 2
             code.writeline(f"{acc_type} {acc} = {acc}_lanes[0];")
             if tail is not None:
                 code.writeline(f"{acc} = {combine.format(a=acc, b=f'{acc}_tail')};")
