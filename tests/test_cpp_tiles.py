@@ -32,11 +32,14 @@ def test_transposed_operands_are_staged(tmp_path, monkeypatch, gathers: bool) ->
     assert f"mi_t0 += {rows})" in code and f"mi_t1 += {cols})" in code and "mi_transpose16(" in code
     assert f"float mi_stage0[{rows}][{cols}];" in code
     # the operand read along the tile's rows (x: the output takes x.t()'s layout) is prefetched
-    # PREFETCH_ROWS rows ahead, one prefetch per line of a row; the staged one (y) is not
+    # PREFETCH_ROWS rows ahead, one prefetch per line of a row; the staged one (y) is prefetched
+    # by its staging, PREFETCH_AHEAD elements on along each of a block's 16 source rows
     ahead = 131 * cpp_tiles.PREFETCH_ROWS
     prefetches = [line.strip() for line in code.splitlines() if "__builtin_prefetch" in line]
-    assert prefetches == [f"__builtin_prefetch(&in_ptr0[{ahead + k} + mi_t1 + 131L*xo1], 0, 3);"
-                          for k in range(0, cols, 16)], prefetches
+    staging = "for (int mi_p = 0; mi_p < 16; mi_p++) __builtin_prefetch(&in_ptr1[200L*mi_a + mi_b + mi_t0 + 200L*mi_t1]"
+    assert prefetches[0] == f"{staging} + mi_p * 200 + {cpp_tiles.StagedTile.PREFETCH_AHEAD}, 0, 3);", prefetches
+    assert prefetches[1:] == [f"__builtin_prefetch(&in_ptr0[{ahead + k} + mi_t1 + 131L*xo1], 0, 3);"
+                              for k in range(0, cols, 16)], prefetches
     code = compiled_code(lambda x, y: x.transpose(1, 2) * y + x.transpose(1, 2).exp(),
                          torch.randn(3, 150, 133), torch.randn(3, 133, 150), tmp_path=tmp_path / "b")
     assert "mi_stage0" in code and "mi_stage1" not in code  # one staged block serves both reads
@@ -61,7 +64,7 @@ def test_transposed_operands_are_staged(tmp_path, monkeypatch, gathers: bool) ->
 def test_staged_tile_shape() -> None:
     """STAGED_ROWS x STAGED_COLS on large inputs; smaller when the stages would exceed
     STAGE_BYTES or there would be fewer than four tiles per thread; always multiples of 16."""
-    assert cpp_tiles.staged_tile_shape(4096, 4096, 4, 1, 2) == (256, 128)
+    assert cpp_tiles.staged_tile_shape(4096, 4096, 4, 1, 2) == (cpp_tiles.STAGED_ROWS, cpp_tiles.STAGED_COLS) == (512, 128)
     assert cpp_tiles.staged_tile_shape(4096, 4096, 16, 1, 2) == (128, 128)  # four float stages
     for rows, cols, lead, threads in [(131, 200, 1, 2), (150, 133, 3, 2), (128, 128, 1, 8), (5000, 130, 1, 2)]:
         r, c = cpp_tiles.staged_tile_shape(rows, cols, 4, lead, threads)

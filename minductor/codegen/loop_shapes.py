@@ -51,8 +51,11 @@ TILE = 64
 # runs of STAGED_COLS, and each row of the tile streams its output (x.t() + y at 4096 on a Xeon,
 # family 6 model 207, streamed: 16x1024 strips of 16x16 blocks 17.1-18.1 ms (12 streamed),
 # whole tiles 64x64 9.5-10.1, 128x128 6.4-7.4, 256x256 6.0-6.1, 256x128 5.2-5.9, 512x128
-# 5.8-6.9, 1024x64 7.1-7.4; 256x128 with ordinary stores 12.8-13.3; torch.add(out=) 6.5-8.2)
-STAGED_ROWS = 256
+# 5.8-6.9, 1024x64 7.1-7.4; 256x128 with ordinary stores 12.8-13.3; torch.add(out=) 6.5-8.2).
+# On an AMD EPYC (Zen 5), kernels alone in alternation, staging with prefetches two lines
+# ahead (StagedTile.PREFETCH_AHEAD): 512x128 3.28-3.29 ms, 256x256 4.46-4.55, 512x64 3.74-3.80,
+# 1024x64 3.77-3.79 (256x128 without the prefetches: 3.53-3.57; a STREAM add: 1.8 ms)
+STAGED_ROWS = 512
 STAGED_COLS = 128
 # the stages of one tile together, on the thread's stack
 STAGE_BYTES = 256 * 1024
