@@ -401,7 +401,7 @@ ROW_KERNELS = {
 @pytest.mark.parametrize("name", list(ROW_KERNELS))
 def test_symbolic_rows_take_wide_lanes_when_long(name: str, tmp_path) -> None:
     """A row of symbolic length has two main loops, the wide lanes a static row of 1024 or more
-    would get (128 for Welford on AVX-512, else 32) and the narrow ones, chosen per row at run
+    would get (128 for Welford on AVX-512, else four vectors: 64 or 32) and the narrow ones, chosen per row at run
     time; results match eager on both sides of the threshold, at odd lengths, from one graph."""
     from minductor import config
 
@@ -416,8 +416,8 @@ def test_symbolic_rows_take_wide_lanes_when_long(name: str, tmp_path) -> None:
                 torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
     assert metrics.graphs_compiled == 1
     code = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_*.cpp"))
-    assert re.search(r"const int64_t mi_wl = \w+ >= 1024 \? (32|128) : 16;", code), code
-    assert re.search(r"if \(mi_wl == (32|128)\)", code) and "mi_base += 16)" in code, code
+    assert re.search(r"const int64_t mi_wl = \w+ >= 1024 \? (32|64|128) : 16;", code), code
+    assert re.search(r"if \(mi_wl == (32|64|128)\)", code) and "mi_base += 16)" in code, code
 
 
 def test_size_arithmetic_dynamo_writes_as_sym_sum_is_a_size_not_a_fallback() -> None:

@@ -184,8 +184,9 @@ def test_welford_long_rows(shape) -> None:
 
 
 def test_welford_lanes() -> None:
-    """Long Welford rows take WELFORD_LANES lanes where the kernels get AVX-512; sums keep
-    MAX_LANES, and AVX2 (16 registers) keeps MAX_LANES for Welford too."""
+    """Long Welford rows take WELFORD_LANES lanes where the kernels get AVX-512; sums take four
+    vectors (64 lanes on AVX-512, MAX_LANES on AVX2), and AVX2 (16 registers) keeps MAX_LANES
+    for Welford too."""
     import sympy
 
     from minductor import config
@@ -195,7 +196,8 @@ def test_welford_lanes() -> None:
     row = sympy.Integer(4096)
     welford = loop_shapes.WELFORD_LANES if avx512_enabled(config.cxx) else loop_shapes.MAX_LANES
     assert loop_shapes.inner_lanes(row, welford=True) == (welford, welford)
-    assert loop_shapes.inner_lanes(row) == (loop_shapes.MAX_LANES, loop_shapes.MAX_LANES)
+    sums = 2 * loop_shapes.MAX_LANES if avx512_enabled(config.cxx) else loop_shapes.MAX_LANES
+    assert loop_shapes.inner_lanes(row) == (sums, sums) == (loop_shapes.long_row_lanes(),) * 2
     assert loop_shapes.inner_lanes(sympy.Integer(512), welford=True) == (16, 16)
 
 
