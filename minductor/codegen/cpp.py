@@ -507,7 +507,9 @@ class CppKernel:
         self.accumulators = []
         self.last_red_size = merged_red.sizes[-1] if merged_red.sizes else sympy.Integer(1)
         welford = any(n.is_reduction() and n.node.data.reduction_type == "welford_reduce" for n in loop.nodes)
-        self.lanes, self.lane_slots = inner_lanes(self.last_red_size, thread_chunk, welford)
+        deps = [d for node in loop.nodes for d in node.read_writes.reads | node.read_writes.writes if isinstance(d, MemoryDep)]
+        narrowest = min((V.graph.get_dtype(d.name).itemsize for d in deps), default=4)
+        self.lanes, self.lane_slots = inner_lanes(self.last_red_size, thread_chunk, welford, narrowest)
         self.wide_lanes = wide_lanes(self.last_red_size, self.lanes, thread_chunk, welford) if self.tile_var is None else 0
         if self.wide_lanes:  # the lanes of this row, chosen at run time; the arrays hold the most
             self.lane_slots = self.wide_lanes

@@ -185,11 +185,12 @@ def prefetch_next_rows(blocks: list[CodeBuffer], shapes: list[LoopShape | None],
     streamed = [(b, s) for b, s in later if not s.lanes]
     for block, shape in heavy[:1] + streamed[-1:] + later:
         inserted = False
-        for step in shape.steps() if shape.lanes else [LINE]:
+        # (a streamed loop steps a line, or the lines of a vector of bools: StreamStore.width)
+        for step in shape.steps() if shape.lanes else [LINE, 2 * LINE, 4 * LINE]:
             if shape.lanes:
                 head, var = f"for (int64_t mi_base = 0; mi_base < mi_main; mi_base += {step})", "mi_base"
             else:
-                head, var = f"for (int64_t mi_line_at = mi_head; mi_line_at < mi_lines_end; mi_line_at += {LINE})", "mi_line_at"
+                head, var = f"for (int64_t mi_line_at = mi_head; mi_line_at < mi_lines_end; mi_line_at += {step})", "mi_line_at"
             at = index_symbol(var)
             lines: list[str] = []
             for arg, index, dtype in first.loads:

@@ -30,7 +30,7 @@ import torch
 from minductor import config
 from minductor.codegen.common import CodeBuffer, cpp_index
 from minductor.codegen.cpp_calls import BATCH, emit_call_block
-from minductor.codegen.loop_shapes import LINE
+from minductor.codegen.loop_shapes import LINE, narrow_lanes
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
 from minductor.scheduler.deps import MemoryDep
 from minductor.virtualized import V
@@ -47,6 +47,7 @@ class StreamStore:
     index: Expr  # in the loop variables, unit stride along the streamed one
     line: str  # the body's store statement
     condition: str = ""  # streams only where this holds at run time (symbolic sizes)
+    width: int = LINE  # lanes of the main loop: whole lines, a vector of the narrowest values
 
 
 def streamable_buffer(name: str, read_names: set[str]) -> bool:
@@ -94,14 +95,16 @@ def stream_store(kernel: CppKernel, var: sympy.Symbol, length: Expr) -> StreamSt
         lines = [line for line in body if line.lstrip().startswith(f"{arg}[")]
         if len(lines) == 1 and lines[0].startswith(f"{arg}[") and lines[0].rstrip().endswith(";"):
             kernel.body_stores = [s for s in kernel.body_stores if s[0] != arg]
-            return StreamStore(arg, index, lines[0], stream_condition(name))
+            narrowest = min((dtype.itemsize for *_, dtype in [*kernel.body_loads, *kernel.body_stores]), default=4)
+            return StreamStore(arg, index, lines[0], stream_condition(name), max(LINE, narrow_lanes(narrowest)))
     return None
 
 
 def emit_streamed_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, body: list[str],
                        store: StreamStore, range_of: dict[sympy.Symbol, Expr], calls: Sequence[int] = ()) -> None:
-    """``for var in [lo, hi): body`` with ``store`` written a line at a time by streaming stores;
-    with ``calls`` (``cpp_calls.batchable_calls``), whole lines run in batches first."""
+    """``for var in [lo, hi): body`` with ``store`` written ``store.width`` values (a line, or
+    the lines of a vector of bools) at a time by streaming stores; with ``calls``
+    (``cpp_calls.batchable_calls``), whole lines run in batches first."""
     def at(value: str) -> str:
         expr = sympy.expand(store.index.xreplace({var: index_symbol(value)}))
         return cpp_index(simplify_index(expr, range_of))
@@ -121,17 +124,20 @@ def emit_streamed_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, bo
         # (where the condition fails, the head loop runs the whole range with ordinary stores)
         head = f"({store.condition}) ? {head} : mi_hi" if store.condition else head
         code.writeline(f"const int64_t mi_head = {head};")
-        code.writeline(f"const int64_t mi_lines_end = mi_head + (mi_hi - mi_head) / {LINE} * {LINE};")
+        # (a loop over whole vectors of a narrow type, a bool mask, takes several lines a step)
+        code.writeline(f"const int64_t mi_lines_end = mi_head + (mi_hi - mi_head) / {store.width} * {store.width};")
         simd_loop(code, var, "mi_lo", "mi_head", body)
         lines_from = "mi_head"
         if calls:
             _emit_batched_lines(code, var, line_body, list(calls), store, at)
             lines_from = "mi_batches_end"
-        code.writeline(f"for (int64_t mi_line_at = {lines_from}; mi_line_at < mi_lines_end; mi_line_at += {LINE})")
+        code.writeline(f"for (int64_t mi_line_at = {lines_from}; mi_line_at < mi_lines_end; mi_line_at += {store.width})")
         with code.indent():
-            code.writeline(f"alignas(64) float mi_line[{LINE}];")
-            _lane_loop(code, var, LINE, line_body)
-            code.writeline(f"mi_stream_store(&{store.arg}[{at('mi_line_at')}], mi_line);")
+            code.writeline(f"alignas(64) float mi_line[{store.width}];")
+            _lane_loop(code, var, store.width, line_body)
+            code.writeline(f"for (int64_t mi_k = 0; mi_k < {store.width}; mi_k += {LINE}) "
+                           f"mi_stream_store(&{store.arg}[{at('mi_line_at')}] + mi_k, mi_line + mi_k);"
+                           if store.width > LINE else f"mi_stream_store(&{store.arg}[{at('mi_line_at')}], mi_line);")
         simd_loop(code, var, "mi_lines_end", "mi_hi", body)
     code.writeline("}")
 

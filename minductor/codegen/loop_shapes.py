@@ -335,13 +335,16 @@ def long_row_lanes() -> int:
     return 2 * MAX_LANES if avx512_enabled(config.cxx) else MAX_LANES
 
 
-def inner_lanes(row: Expr, whole_range: bool = False, welford: bool = False) -> tuple[int, int]:
+def inner_lanes(row: Expr, whole_range: bool = False, welford: bool = False, narrowest: int = 4) -> tuple[int, int]:
     """Accumulator lanes for a reduction over rows of ``row`` elements, and the slots of the
     lane arrays: more lanes hide the add latency on long rows (more yet for ``welford``, on
     AVX-512), fewer keep the final combine cheap on short ones. A constant row of at most
     SHORT_ROW is one vector loop with a lane per element and no scalar tail; its slots are
     padded to a power of two (with the identity) for the pairwise combine (a 20-wide pooling
-    window: 16 + 4 lanes instead of 8 + 8 + 4). A symbolic row has at least 16 lanes."""
+    window: 16 + 4 lanes instead of 8 + 8 + 4). A symbolic row has at least 16 lanes. A row
+    that reads or writes ``narrowest``-byte values (a bool mask) takes at least a vector of
+    them: GCC 12 vectorized a 16-lane loop that read a bool mask in 8-byte vectors, two floats
+    at a time (a masked attention softmax at (8, 4, 128, 128), kernel alone: 1016 -> 156 us with 64 lanes)."""
     if whole_range:  # a full reduction: every thread streams a long chunk
         return 2 * MAX_LANES, 2 * MAX_LANES
     if row.is_Integer and 1 < int(row) <= SHORT_ROW:
@@ -352,7 +355,16 @@ def inner_lanes(row: Expr, whole_range: bool = False, welford: bool = False) -> 
     if welford and size >= WIDE_ROW and avx512_enabled(config.cxx):
         return WELFORD_LANES, WELFORD_LANES
     lanes = long_row_lanes() if size >= WIDE_ROW else 16 if size >= 128 else LANES  # 16: one AVX-512 vector
+    if size >= 128:
+        lanes = max(lanes, narrow_lanes(narrowest))
     return lanes, lanes
+
+
+def narrow_lanes(itemsize: int) -> int:
+    """The lanes a fixed-width loop over values of ``itemsize`` bytes (under 4: a bool mask)
+    needs to fill a vector register of them; 0 for 4 bytes and more. With 16 lanes, GCC 12
+    vectorized a loop that selected under a loaded bool in 8-byte vectors (see inner_lanes)."""
+    return (64 if avx512_enabled(config.cxx) else 32) // itemsize if itemsize < 4 else 0
 
 
 def outer_lane_width(width: int, threads: int, other_outer: int = 1) -> int:
