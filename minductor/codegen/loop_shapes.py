@@ -363,7 +363,9 @@ def inner_lanes(row: Expr, whole_range: bool = False, welford: bool = False, nar
 def narrow_lanes(itemsize: int) -> int:
     """The lanes a fixed-width loop over values of ``itemsize`` bytes (under 4: a bool mask)
     needs to fill a vector register of them; 0 for 4 bytes and more. With 16 lanes, GCC 12
-    vectorized a loop that selected under a loaded bool in 8-byte vectors (see inner_lanes)."""
+    vectorized a loop that selected under a loaded bool in 8-byte vectors (see inner_lanes); a
+    bfloat16 softmax over rows of 256 ran 361 us at 16 lanes and 266 at 32 (4096 rows, kernels
+    alone in alternation, AMD EPYC)."""
     return (64 if avx512_enabled(config.cxx) else 32) // itemsize if itemsize < 4 else 0
 
 
