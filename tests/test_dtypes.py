@@ -166,3 +166,45 @@ def test_an_integer_zero_converted_to_float_is_positive_zero() -> None:
     x = torch.tensor([-0.5, 0.5, -1.5, -0.2, -0.99, 0.0, -0.0, 2.5] * 5)
     check({f"{_name(i)}_{_name(f)}": (lambda t, i=i, f=f: torch.copysign(t, t.clamp(-100, 100).to(i).to(f)))
            for i in (torch.int64, torch.int32, torch.int8) for f in (torch.float32, torch.float64, torch.float16)}, x)
+
+
+def test_half_conversions_are_exact() -> None:
+    """Kernels keep half values as their 16 bits and convert with integer and float arithmetic
+    (the prelude's ``mi_half_to_float``/``mi_float_to_half``; GCC 12 vectorizes no loop over
+    ``_Float16`` without AVX512-FP16). Every half converts to the float eager gives, and floats
+    (random bit patterns, every half, every midpoint between neighbours: the ties, specials)
+    round to eager's half, in vectorized loops."""
+    import ctypes
+
+    from minductor.runtime.cache import compile_cpp
+
+    source = """#include "minductor_prelude.h"
+extern "C" void h2f(const mi_half* __restrict__ h, float* __restrict__ o, int64_t n) {
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) o[i] = mi_half_to_float(h[i]);
+}
+extern "C" void f2h(const float* __restrict__ a, mi_half* __restrict__ o, int64_t n) {
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) o[i] = mi_float_to_half(a[i]);
+}
+"""
+    lib = ctypes.CDLL(str(compile_cpp(source, "mi_half_test")))
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+    halves = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16).clone()
+    got = torch.empty(65536)
+    lib.h2f(ptr(halves), ptr(got), ctypes.c_int64(65536))
+    want = halves.float()
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~want.isnan()].view(torch.int32), want[~want.isnan()].view(torch.int32))
+
+    bits = torch.randint(-2**31, 2**31 - 1, (1 << 20,), generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    finite = want[want.isfinite()].double()
+    mids = ((finite[:-1] + finite[1:]) / 2)[finite[:-1] < finite[1:]].float()
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 65504.0, 65519.99, 65520.0, 1e-45, 2.98e-8])
+    floats = torch.cat([bits.view(torch.float32), want, mids, specials])
+    out = torch.empty(floats.numel(), dtype=torch.int16)
+    lib.f2h(ptr(floats), ptr(out), ctypes.c_int64(floats.numel()))
+    ref = floats.half()
+    nan = floats.isnan()
+    assert torch.equal(out.view(torch.float16)[nan].isnan(), nan[nan])
+    assert torch.equal(out[~nan], ref.view(torch.int16)[~nan]), int((out[~nan] != ref.view(torch.int16)[~nan]).sum())

@@ -63,11 +63,12 @@ def test_generated_pointwise_kernels_vectorize(fn, tmp_path: Path) -> None:
 
 
 def _simd_loops(source: str) -> list[tuple[int, int]]:
-    """(first, last) line of every ``omp simd`` loop over data (not the lane-combine loops)."""
+    """(first, last) line of every ``omp simd`` loop over data (``omp parallel for simd`` too;
+    not the lane-combine loops)."""
     lines = source.splitlines()
     loops = []
     for i, line in enumerate(lines):
-        if "#pragma omp simd" not in line or "mi_l " in lines[i + 1]:
+        if not re.search(r"#pragma omp (parallel for )?simd", line) or "mi_l " in lines[i + 1]:
             continue
         start, end = i + 2, i + 2  # 1-based line of the `for`
         if lines[i + 2].strip() == "{":
@@ -268,3 +269,28 @@ def test_loops_over_a_loaded_bool_mask_use_whole_vectors(case: str, tmp_path: Pa
         assert f"mi_base += {lanes})" in source, source
         if case == "masked_softmax_long_rows":
             assert re.search(r"__builtin_prefetch\(&in_ptr\d\[2048 \+ mi_base", source), source
+
+
+@pytest.mark.parametrize("case", ["half_softmax", "half_layer_norm", "half_pointwise", "any_rows", "bool_to_float_sum"])
+def test_kernels_over_narrow_dtypes_vectorize(case: str, tmp_path: Path) -> None:
+    """Every data loop over half values or bools vectorizes in vectors of at least 32 bytes. GCC
+    12 vectorized no loop that loaded or stored ``_Float16`` (a half softmax at 4096^2: 137 ms,
+    eager 21; 12 ms now), none that converted a bool to a float (``m.float().sum(-1)``: 6.5 ->
+    0.3 ms), and no ``any`` over bool lanes combined with ``||`` (5.9 -> 1.6 ms)."""
+    fn, x = {
+        "half_softmax": (lambda x: x.softmax(-1), torch.randn(64, 512).half()),
+        "half_layer_norm": (lambda x: torch.nn.functional.layer_norm(x, (512,)), torch.randn(64, 512).half()),
+        "half_pointwise": (lambda x: (x * 2 + 1).exp(), torch.randn(64, 512).half()),
+        "any_rows": (lambda x: (x > 2).any(-1), torch.randn(64, 512)),
+        "bool_to_float_sum": (lambda x: (x > 0).float().sum(-1), torch.randn(64, 512)),
+    }[case]
+    with config.patch(debug=True, debug_dir=str(tmp_path / "dump")):
+        torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x), atol=2e-3, rtol=2e-3)
+    (path,) = (tmp_path / "dump").glob("graph_*/cpp_fused_*.cpp")
+    report = vectorization_report(path, tmp_path)
+    widths: dict[int, int] = {}
+    for line, size in re.findall(rf"{path.name}:(\d+):\d+: optimized: loop vectorized using (\d+) byte vectors", report):
+        widths[int(line)] = max(widths.get(int(line), 0), int(size))
+    loops = _simd_loops(path.read_text())
+    assert loops and all(max((w for n, w in widths.items() if a <= n <= b), default=0) >= 32 for a, b in loops), \
+        (widths, loops, path.read_text())

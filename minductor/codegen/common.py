@@ -26,10 +26,10 @@ CPP_STORAGE_TYPES = CPP_TYPES | {torch.bool: "uint8_t"}
 
 def from_storage(dtype: torch.dtype, access: str) -> str:
     """A value of ``dtype`` read from memory (``access``), as kernels compute it: half and
-    bfloat16 as float (bfloat16 is stored as its 16 bits), bool from its byte. Every array a
+    bfloat16 as float (both are stored as their 16 bits), bool from its byte. Every array a
     kernel keeps a buffer in (the buffer, a local, a row scratch) stores it this way."""
     if dtype == torch.float16:
-        return f"static_cast<float>({access})"
+        return f"mi_half_to_float({access})"
     if dtype == torch.bfloat16:
         return f"mi_bf16_to_float({access})"
     if dtype == torch.bool:
@@ -40,7 +40,7 @@ def from_storage(dtype: torch.dtype, access: str) -> str:
 def to_storage(dtype: torch.dtype, value: str) -> str:
     """A computed value as ``dtype`` is stored (the inverse of ``from_storage``)."""
     if dtype == torch.float16:
-        return f"static_cast<mi_half>({value})"
+        return f"mi_float_to_half({value})"
     if dtype == torch.bfloat16:
         return f"mi_float_to_bf16({value})"
     return f"static_cast<{CPP_STORAGE_TYPES[dtype]}>({value})"

@@ -397,8 +397,8 @@ def reduction_code(rtype: str, ctype: str, acc: str, value: str, rindex: str) ->
         return ctype, f"mi_lowest<{ctype}>()", f"mi_max_update<{ctype}>({acc}, {v})", f"mi_maximum<{ctype}>({{a}}, {{b}})"
     if rtype == "min":
         return ctype, f"mi_highest<{ctype}>()", f"mi_min_update<{ctype}>({acc}, {v})", f"mi_minimum<{ctype}>({{a}}, {{b}})"
-    if rtype == "any":
-        return "bool", "false", f"{acc} || static_cast<bool>({value})", "{a} || {b}"
+    if rtype == "any":  # bytes and |: GCC 12 vectorized no loop over bool lanes, nor an ||
+        return "uint8_t", "0", f"{acc} | static_cast<uint8_t>(static_cast<bool>({value}))", "{a} | {b}"
     if rtype in ("argmax", "argmin"):
         t = f"MiArg<{ctype}>"
         is_max = "true" if rtype == "argmax" else "false"

@@ -41,8 +41,10 @@ template <typename T, typename S> static inline T mi_to_int(S x) {
 #ifndef MI_OPAQUE
 #define MI_OPAQUE(x) (x)
 #endif
+// A bool converts by a select: GCC 12 vectorized no loop that converted a bool to a float.
 template <typename T, typename S> static inline T mi_to_float(S x) {
     if constexpr (mi_is_float<S>::value) return static_cast<T>(x);
+    else if constexpr (mi_same<S, bool>::value) return x ? T(1) : T(0);
     else return MI_OPAQUE(static_cast<T>(x)) + T(0);
 }
 
@@ -118,8 +120,38 @@ MI_BINARY(atan2) MI_BINARY(hypot) MI_BINARY(copysign) MI_BINARY(nextafter) MI_BI
 
 #define MI_MAX_THREADS 256
 
-typedef _Float16 mi_half;
+// half and bfloat16 are stored as their 16 bits and computed as float. GCC 12 has no vector
+// mode for _Float16 without AVX512-FP16, so no loop that loaded or stored one vectorized; the
+// conversions below are integer and float arithmetic, which does.
+typedef uint16_t mi_half;
 typedef uint16_t mi_bf16;
+
+// IEEE half bits to float, exactly (subnormals, infinities; a NaN stays a NaN): a normal or
+// infinite half is its bits shifted into place and rescaled by 2^-112, a subnormal one the
+// float 0.5 + m 2^-24 less 0.5 (no branch, no table)
+static inline float mi_half_to_float(mi_half h) {
+    const uint32_t w = static_cast<uint32_t>(h) << 16;
+    const uint32_t two_w = w + w;  // the sign shifted out
+    const float normal = __builtin_bit_cast(float, (two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+    const float subnormal = __builtin_bit_cast(float, (two_w >> 17) | (126u << 23)) - 0.5f;
+    const uint32_t bits = two_w < (1u << 27) ? __builtin_bit_cast(uint32_t, subnormal) : __builtin_bit_cast(uint32_t, normal);
+    return __builtin_bit_cast(float, (w & 0x80000000u) | bits);
+}
+
+// float to IEEE half bits, rounded to nearest even as the hardware (and eager) rounds, overflow
+// to infinity, NaN to the quiet NaN 0x7e00: the float addition of a power of two aligned to the
+// half's last mantissa bit does the rounding
+static inline mi_half mi_float_to_half(float f) {
+    const uint32_t w = __builtin_bit_cast(uint32_t, f);
+    const uint32_t shl1_w = w + w;
+    const uint32_t bias_in = shl1_w & 0xFF000000u;
+    const uint32_t bias = bias_in < 0x71000000u ? 0x71000000u : bias_in;
+    float base = (__builtin_fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
+    base = __builtin_bit_cast(float, (bias >> 1) + 0x07800000u) + base;
+    const uint32_t bits = __builtin_bit_cast(uint32_t, base);
+    const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
+    return static_cast<mi_half>(((w & 0x80000000u) >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
 
 static inline float mi_bf16_to_float(mi_bf16 v) {
     return __builtin_bit_cast(float, static_cast<uint32_t>(v) << 16);
@@ -133,7 +165,7 @@ static inline mi_bf16 mi_float_to_bf16(float v) {
 }
 
 static inline float mi_round_bf16(float v) { return mi_bf16_to_float(mi_float_to_bf16(v)); }
-static inline float mi_round_half(float v) { return static_cast<float>(static_cast<mi_half>(v)); }
+static inline float mi_round_half(float v) { return mi_half_to_float(mi_float_to_half(v)); }
 
 // NaN-propagating maximum/minimum (torch.maximum semantics; a tie of -0 and +0 gives b, as
 // eager's vectorized maximum does)
