@@ -136,3 +136,18 @@ def test_in_place_kernels_are_timed_from_the_graphs_values() -> None:
                           bandwidth=10.0, min_run_time=0.01)
     (kernel_timing,) = report.kernels
     assert kernel_timing.seconds > 0
+
+
+def test_dtype_workloads_match_eager_at_a_small_size() -> None:
+    """The ``dtypes`` suite's workloads (a loaded bool mask, half and bfloat16 rows) compile and
+    match eager within the runner's per-dtype tolerance: 16-bit results to about two ulps."""
+    from minductor.bench.runner import _matches
+    from minductor.bench.workloads import SUITES, make_workloads
+
+    workloads = make_workloads(256)
+    for name in SUITES["dtypes"][1]:
+        fn, make = workloads[name]
+        args = make()
+        torch._dynamo.reset()
+        assert _matches(torch.compile(fn, backend="minductor")(*args), fn(*args)), name
+    assert not _matches(torch.ones(4).bfloat16(), torch.ones(4).bfloat16() * 1.05)  # five ulps off

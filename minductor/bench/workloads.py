@@ -120,6 +120,27 @@ def _indexing_workloads(n: int) -> dict[str, tuple[Callable[..., Any], Callable[
     }
 
 
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention's masked softmax over scores, with a bool mask the model keeps as a buffer."""
+    return (scores * 0.125).masked_fill(~mask, float("-inf")).softmax(-1)
+
+
+def _dtype_workloads(n: int) -> dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]]:
+    """Loops over bools and 16-bit floats, which GCC 12 left scalar or narrow until the kernels
+    sized their lanes to a vector of them and stored half as bits (codegen/loop_shapes.narrow_lanes)."""
+    seq = max(n // 32, 8)
+
+    def causal() -> torch.Tensor:
+        return torch.ones(seq, seq, dtype=torch.bool).tril()
+
+    return {
+        "masked_softmax": (masked_softmax, lambda: (torch.randn(8, 4, seq, seq), causal())),
+        "half_softmax": (softmax, lambda: (torch.randn(n, n).half(),)),
+        "bf16_layer_norm": (layer_norm, lambda: (torch.randn(n, n).bfloat16(), torch.randn(n).bfloat16(), torch.randn(n).bfloat16())),
+        "masked_row_sum": (lambda x, m: x.masked_fill(m, 0.0).sum(-1), lambda: (torch.randn(n, n), torch.rand(n, n) > 0.5)),
+    }
+
+
 def make_workloads(n: int = N) -> dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]]:
     """The standard workloads at size ``n`` (4096 is the full suite; small values for CI)."""
 
@@ -144,7 +165,7 @@ def make_workloads(n: int = N) -> dict[str, tuple[Callable[..., Any], Callable[[
         "gelu_mlp": (mlp, lambda: (torch.randn(small * 8, max(n // 16, 8)),)),
         "conv_net": (conv, lambda: (torch.randn(2, 3, small * 2, small * 2),)),
         "transformer_block": _block(seq=max(n // 32, 8), dim=max(n // 16, 16)),
-    } | _indexing_workloads(n)
+    } | _indexing_workloads(n) | _dtype_workloads(n)
 
 
 WORKLOADS = make_workloads()
@@ -154,6 +175,7 @@ SUITES: dict[str, tuple[int, list[str]]] = {
     "reductions": (N, ["softmax", "layer_norm", "layer_norm_residual", "sum_dim0", "sum_dim1", "amax_dim0", "full_sum"]),
     "models": (N, ["gelu_mlp", "conv_net", "transformer_block"]),
     "indexing": (N, list(_indexing_workloads(64))),
+    "dtypes": (N, list(_dtype_workloads(64))),
     "all": (N, list(WORKLOADS)),
     "tiny": (64, ["pointwise6", "transpose_add", "softmax", "sum_dim0", "gelu_mlp", "gather", "max_pool2d"]),  # for CI
 }
