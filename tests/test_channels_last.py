@@ -162,3 +162,22 @@ def test_few_channels_vectorize_along_pixels(tmp_path: Path, shape: tuple[int, .
     channels = f"< {shape[1]}; "
     assert channels not in simd_loop.splitlines()[1] and channels in simd_loop.splitlines()[3]
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_training_batch_norm_tables_its_rsqrt(dtype: torch.dtype, tmp_path: Path) -> None:
+    """A training batch norm over NHWC clamps its batch variance at 0 with a templated call
+    (``mi_maximum<...>(var, 0)``) before the rsqrt: the table rewrite once took the template for
+    a variable and left the rsqrt per pixel (a bf16 kernel at (8, 16, 64, 64): 348 -> 235 us).
+    Values and running statistics match eager."""
+    bn, ref = torch.nn.BatchNorm2d(16).to(dtype).train(), torch.nn.BatchNorm2d(16).to(dtype).train()
+    x = torch.randn(4, 16, 12, 12).to(dtype).contiguous(memory_format=torch.channels_last)
+    torch._dynamo.reset()
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        got = torch.compile(lambda x: F.relu(bn(x)), backend="minductor")(x)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got, F.relu(ref(x)), rtol=tol, atol=tol)
+    torch.testing.assert_close(bn.running_var, ref.running_var, rtol=tol, atol=tol)
+    (source,) = [p.read_text() for p in tmp_path.glob("graph_*/cpp_fused_*.cpp") if "relu" in p.name]
+    prologue, loops = source.split("#pragma omp parallel for", 1) if "#pragma omp parallel for" in source else source.split("for (int64_t xo0", 1)
+    assert "mi_rsqrt(" in prologue and not re.search(r"auto tmp\d+ = mi_rsqrt", loops), source
