@@ -109,6 +109,7 @@ class CppKernel:
         self.body_stores: list[tuple[str, Expr, torch.dtype]] = []  # (pointer, index, dtype) of the loop body's stores
         self.body_store_names: list[str] = []  # the buffers of body_stores
         self.body_loads: list[tuple[str, Expr, torch.dtype]] = []  # (pointer, index, dtype) of plain loads
+        self.rounded: dict[str, tuple[torch.dtype, str]] = {}  # a value rounded to half/bf16 -> (dtype, the float)
         self.may_stream = False  # loops may use streaming stores (the parallel region fences them)
         self.streamed = False  # some loop did
         # emit_outer's innermost loop, left to _emit_pointwise_nest: (var, lo, hi, iterations)
@@ -170,6 +171,8 @@ class CppKernel:
 
     def store(self, name: str, index: Expr, value: str, buffer: CodeBuffer, mode: str | None = None) -> None:
         dtype = V.graph.get_dtype(name)
+        if mode is None and self.rounded.get(value, (None,))[0] == dtype:
+            value = self.rounded[value][1]  # (the conversion to 16 bits rounds it alike)
         if name in self.local:
             assert mode is None, "locals hold reduction results only"
             buffer.writeline(f"{self.local[name]}[0] = {to_storage(dtype, value)};")

@@ -352,10 +352,13 @@ class CppOps:
         return var
 
     def to_dtype(self, x: str, dtype: torch.dtype) -> str:
-        if dtype == torch.float16:
-            return self._cse(f"mi_round_half(mi_to_float<float>({x}))")
-        if dtype == torch.bfloat16:
-            return self._cse(f"mi_round_bf16(mi_to_float<float>({x}))")
+        if dtype in (torch.float16, torch.bfloat16):
+            # rounded to the 16-bit type, computed on as float; a store of it rounds the float
+            # before (one conversion to the 16 bits instead of three: CppKernel.store)
+            exact = f"mi_to_float<float>({x})"
+            var = self._cse(f"{'mi_round_half' if dtype == torch.float16 else 'mi_round_bf16'}({exact})")
+            self.kernel.rounded[var] = (dtype, exact)
+            return var
         to_int = dtype in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
         helper = "mi_to_int" if to_int else "mi_to_float" if dtype in (torch.float32, torch.float64) else "static_cast"
         var = self._cse(f"{helper}<{CPP_TYPES[dtype]}>({x})")
