@@ -174,7 +174,8 @@ def test_half_conversions_are_exact() -> None:
     (the prelude's ``mi_half_to_float``/``mi_float_to_half``; GCC 12 vectorizes no loop over
     ``_Float16`` without AVX512-FP16). Every half converts to the float eager gives, and floats
     (random bit patterns, every half, every midpoint between neighbours: the ties, specials)
-    round to eager's half, in vectorized loops."""
+    round to eager's half, in vectorized loops; ``mi_round_half`` (to the nearest half, kept
+    as a float) gives the same values."""
     import ctypes
 
     from minductor.runtime.cache import compile_cpp
@@ -187,6 +188,10 @@ extern "C" void h2f(const mi_half* __restrict__ h, float* __restrict__ o, int64_
 extern "C" void f2h(const float* __restrict__ a, mi_half* __restrict__ o, int64_t n) {
     #pragma omp simd
     for (int64_t i = 0; i < n; i++) o[i] = mi_float_to_half(a[i]);
+}
+extern "C" void round_half(const float* __restrict__ a, float* __restrict__ o, int64_t n) {
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) o[i] = mi_round_half(a[i]);
 }
 """
     lib = ctypes.CDLL(str(compile_cpp(source, "mi_half_test")))
@@ -201,6 +206,7 @@ extern "C" void f2h(const float* __restrict__ a, mi_half* __restrict__ o, int64_
     bits = torch.randint(-2**31, 2**31 - 1, (1 << 20,), generator=torch.Generator().manual_seed(0)).to(torch.int32)
     finite = want[want.isfinite()].double()
     mids = ((finite[:-1] + finite[1:]) / 2)[finite[:-1] < finite[1:]].float()
+    mids = torch.cat([mids, torch.nextafter(mids, torch.tensor(float("inf"))), torch.nextafter(mids, torch.tensor(-float("inf")))])
     specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 65504.0, 65519.99, 65520.0, 1e-45, 2.98e-8])
     floats = torch.cat([bits.view(torch.float32), want, mids, specials])
     out = torch.empty(floats.numel(), dtype=torch.int16)
@@ -209,6 +215,11 @@ extern "C" void f2h(const float* __restrict__ a, mi_half* __restrict__ o, int64_
     nan = floats.isnan()
     assert torch.equal(out.view(torch.float16)[nan].isnan(), nan[nan])
     assert torch.equal(out[~nan], ref.view(torch.int16)[~nan]), int((out[~nan] != ref.view(torch.int16)[~nan]).sum())
+    # mi_round_half: the same rounding without the 16 bits (kernels round every half result so)
+    rounded = torch.empty_like(floats)
+    lib.round_half(ptr(floats), ptr(rounded), ctypes.c_int64(floats.numel()))
+    assert torch.equal(rounded.isnan(), nan)
+    assert torch.equal(rounded[~nan], ref.float()[~nan]), int((rounded[~nan] != ref.float()[~nan]).sum())
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=_name)
