@@ -126,16 +126,15 @@ MI_BINARY(atan2) MI_BINARY(hypot) MI_BINARY(copysign) MI_BINARY(nextafter) MI_BI
 typedef uint16_t mi_half;
 typedef uint16_t mi_bf16;
 
-// IEEE half bits to float, exactly (subnormals, infinities; a NaN stays a NaN): a normal or
-// infinite half is its bits shifted into place and rescaled by 2^-112, a subnormal one the
-// float 0.5 + m 2^-24 less 0.5 (no branch, no table)
+// IEEE half bits to float, exactly (subnormals, infinities, NaN payloads): the exponent and
+// mantissa shifted into a float's place are the half's value times 2^-112 (a subnormal half
+// lands on a float subnormal), so one multiply by 2^112 rescales them; exponent 31 is infinity
+// or NaN (no branch, no table)
 static inline float mi_half_to_float(mi_half h) {
-    const uint32_t w = static_cast<uint32_t>(h) << 16;
-    const uint32_t two_w = w + w;  // the sign shifted out
-    const float normal = __builtin_bit_cast(float, (two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-    const float subnormal = __builtin_bit_cast(float, (two_w >> 17) | (126u << 23)) - 0.5f;
-    const uint32_t bits = two_w < (1u << 27) ? __builtin_bit_cast(uint32_t, subnormal) : __builtin_bit_cast(uint32_t, normal);
-    return __builtin_bit_cast(float, (w & 0x80000000u) | bits);
+    const uint32_t m = (static_cast<uint32_t>(h) & 0x7FFFu) << 13;
+    const float scaled = __builtin_bit_cast(float, m) * 0x1.0p112f;
+    const uint32_t bits = m >= (0x7C00u << 13) ? (m | 0x7F800000u) : __builtin_bit_cast(uint32_t, scaled);
+    return __builtin_bit_cast(float, bits | ((static_cast<uint32_t>(h) & 0x8000u) << 16));
 }
 
 // float to IEEE half bits, rounded to nearest even as the hardware (and eager) rounds, overflow
