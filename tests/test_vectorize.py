@@ -234,6 +234,17 @@ def test_maximum_and_minimum_match_eager_bit_for_bit(dtype: torch.dtype, tmp_pat
     assert loops and all(any(a <= n <= b for n in done) for a, b in loops), report
 
 
+def _assert_data_loops_use_whole_vectors(path: Path, tmp_path: Path) -> None:
+    """Every data loop of the kernel source ``path`` vectorizes in vectors of at least 32 bytes."""
+    report = vectorization_report(path, tmp_path)
+    widths: dict[int, int] = {}
+    for line, size in re.findall(rf"{path.name}:(\d+):\d+: optimized: loop vectorized using (\d+) byte vectors", report):
+        widths[int(line)] = max(widths.get(int(line), 0), int(size))
+    loops = _simd_loops(path.read_text())
+    assert loops and all(max((w for n, w in widths.items() if a <= n <= b), default=0) >= 32 for a, b in loops), \
+        (widths, loops, path.read_text())
+
+
 @pytest.mark.parametrize("case", ["masked_softmax", "masked_softmax_long_rows", "where"])
 def test_loops_over_a_loaded_bool_mask_use_whole_vectors(case: str, tmp_path: Path) -> None:
     """A fixed-width loop that selects under a bool mask it loads takes a vector of bools in
@@ -255,14 +266,8 @@ def test_loops_over_a_loaded_bool_mask_use_whole_vectors(case: str, tmp_path: Pa
         torch.testing.assert_close(torch.compile(fn, backend="minductor")(*args), fn(*args))
     (path,) = (tmp_path / "dump").glob("graph_*/cpp_fused_*.cpp")
     source = path.read_text()
-    report = vectorization_report(path, tmp_path)
-    widths: dict[int, int] = {}
-    for line, size in re.findall(rf"{path.name}:(\d+):\d+: optimized: loop vectorized using (\d+) byte vectors", report):
-        widths[int(line)] = max(widths.get(int(line), 0), int(size))
-    loops = _simd_loops(source)
-    assert loops and all(max((w for n, w in widths.items() if a <= n <= b), default=0) >= 32 for a, b in loops), \
-        (widths, loops, source)
-    lanes = narrow_lanes(1)  # 64 on AVX-512, 32 on AVX2
+    _assert_data_loops_use_whole_vectors(path, tmp_path)
+    lanes = narrow_lanes([torch.bool])  # 64 on AVX-512, 32 on AVX2
     if case == "where":  # its streamed loop, a block of lines a step
         assert "mi_stream_store(" in source and f"mi_line_at += {lanes})" in source, source
     else:  # the row loops that read the mask; a long row's loops prefetch the next row
@@ -291,11 +296,5 @@ def test_kernels_over_narrow_dtypes_vectorize(case: str, tmp_path: Path) -> None
     with config.patch(debug=True, debug_dir=str(tmp_path / "dump")):
         torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x), atol=2e-3, rtol=2e-3)
     (path,) = (tmp_path / "dump").glob("graph_*/cpp_fused_*.cpp")
-    report = vectorization_report(path, tmp_path)
-    widths: dict[int, int] = {}
-    for line, size in re.findall(rf"{path.name}:(\d+):\d+: optimized: loop vectorized using (\d+) byte vectors", report):
-        widths[int(line)] = max(widths.get(int(line), 0), int(size))
-    loops = _simd_loops(path.read_text())
     assert case != "int8_argmax" or "mi_arg_soa_update<int8_t, true>" in path.read_text()
-    assert loops and all(max((w for n, w in widths.items() if a <= n <= b), default=0) >= 32 for a, b in loops), \
-        (widths, loops, path.read_text())
+    _assert_data_loops_use_whole_vectors(path, tmp_path)

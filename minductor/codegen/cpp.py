@@ -61,6 +61,7 @@ from minductor.codegen.loop_shapes import (
     linear_index,
     merge_dims,
     mutation_loops,
+    narrow_lanes,
     outer_lane_width,
     parallel_decision,
     planning_size,
@@ -511,8 +512,8 @@ class CppKernel:
         self.last_red_size = merged_red.sizes[-1] if merged_red.sizes else sympy.Integer(1)
         welford = any(n.is_reduction() and n.node.data.reduction_type == "welford_reduce" for n in loop.nodes)
         deps = [d for node in loop.nodes for d in node.read_writes.reads | node.read_writes.writes if isinstance(d, MemoryDep)]
-        narrowest = min((V.graph.get_dtype(d.name).itemsize for d in deps), default=4)
-        self.lanes, self.lane_slots = inner_lanes(self.last_red_size, thread_chunk, welford, narrowest)
+        narrow = narrow_lanes(V.graph.get_dtype(d.name) for d in deps)  # (a bool mask: a vector of bools)
+        self.lanes, self.lane_slots = inner_lanes(self.last_red_size, thread_chunk, welford, narrow)
         self.wide_lanes = wide_lanes(self.last_red_size, self.lanes, thread_chunk, welford) if self.tile_var is None else 0
         if self.wide_lanes:  # the lanes of this row, chosen at run time; the arrays hold the most
             self.lane_slots = self.wide_lanes
@@ -752,11 +753,9 @@ class CppKernel:
                 with code.indent():
                     code.writeline("#pragma omp simd")
                     code.writeline(f"for (int mi_l = 0; mi_l < mi_w; mi_l++) {acc}_lanes[mi_l] = {pair('mi_w')};")
-            w = 0 if wide else self.lane_slots // 2
-            while w:
+            for w in [] if wide else [self.lane_slots >> k for k in range(1, self.lane_slots.bit_length())]:
                 code.writeline("#pragma omp simd")
                 code.writeline(f"for (int mi_l = 0; mi_l < {w}; mi_l++) {acc}_lanes[mi_l] = {pair(w)};")
-                w //= 2
             code.writeline(f"{acc_type} {acc} = {acc}_lanes[0];")
             if tail is not None:
                 code.writeline(f"{acc} = {combine.format(a=acc, b=f'{acc}_tail')};")

@@ -30,7 +30,7 @@ import torch
 
 from minductor.codegen.common import CodeBuffer, cpp_index
 from minductor.codegen.cpp_ops import INLINE_MATH
-from minductor.codegen.loop_shapes import LINE, SMALL_INNER_CHUNK
+from minductor.codegen.loop_shapes import SMALL_INNER_CHUNK, line_step
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
 
 Expr = sympy.Expr
@@ -130,7 +130,9 @@ class LoopShape:
     wide: int = 0
 
     def steps(self) -> list[int]:
-        """The lanes of each main loop."""
+        """The lanes of each main loop; of a streamed loop, its step (``StreamStore.width``)."""
+        if not self.lanes:
+            return [line_step(dtype for *_, dtype in [*self.loads, *self.stores])]
         return [self.lanes, self.wide] if self.wide else [self.lanes]
 
 
@@ -188,8 +190,7 @@ def prefetch_next_rows(blocks: list[CodeBuffer], shapes: list[LoopShape | None],
     streamed = [(b, s) for b, s in later if not s.lanes]
     for block, shape in heavy[:1] + streamed[-1:] + later:
         inserted = False
-        # (a streamed loop steps a line, or the lines of a vector of bools: StreamStore.width)
-        for step in shape.steps() if shape.lanes else [LINE, 2 * LINE, 4 * LINE]:
+        for step in shape.steps():
             if shape.lanes:
                 head, var = f"for (int64_t mi_base = 0; mi_base < mi_main; mi_base += {step})", "mi_base"
             else:

@@ -30,7 +30,7 @@ import torch
 from minductor import config
 from minductor.codegen.common import CodeBuffer, cpp_index
 from minductor.codegen.cpp_calls import BATCH, emit_call_block
-from minductor.codegen.loop_shapes import LINE, narrow_lanes
+from minductor.codegen.loop_shapes import LINE, line_step
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
 from minductor.scheduler.deps import MemoryDep
 from minductor.virtualized import V
@@ -47,7 +47,7 @@ class StreamStore:
     index: Expr  # in the loop variables, unit stride along the streamed one
     line: str  # the body's store statement
     condition: str = ""  # streams only where this holds at run time (symbolic sizes)
-    width: int = LINE  # lanes of the main loop: whole lines, a vector of the narrowest values
+    width: int = LINE  # lanes of the main loop: whole lines (loop_shapes.line_step)
 
 
 def streamable_buffer(name: str, read_names: set[str]) -> bool:
@@ -95,8 +95,8 @@ def stream_store(kernel: CppKernel, var: sympy.Symbol, length: Expr) -> StreamSt
         lines = [line for line in body if line.lstrip().startswith(f"{arg}[")]
         if len(lines) == 1 and lines[0].startswith(f"{arg}[") and lines[0].rstrip().endswith(";"):
             kernel.body_stores = [s for s in kernel.body_stores if s[0] != arg]
-            narrowest = min((dtype.itemsize for *_, dtype in [*kernel.body_loads, *kernel.body_stores]), default=4)
-            return StreamStore(arg, index, lines[0], stream_condition(name), max(LINE, narrow_lanes(narrowest)))
+            step = line_step(dtype for *_, dtype in [*kernel.body_loads, *kernel.body_stores])
+            return StreamStore(arg, index, lines[0], stream_condition(name), step)
     return None
 
 

@@ -4,7 +4,7 @@ reduction uses."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import sympy
 import torch
@@ -330,20 +330,25 @@ def wide_lanes(row: Expr, lanes: int, whole_range: bool, welford: bool) -> int:
     return wide if wide > lanes else 0
 
 
+def vector_bytes() -> int:
+    """The width of the vector registers kernels use: 64 bytes on AVX-512, else 32 (AVX2)."""
+    return 64 if avx512_enabled(config.cxx) else 32
+
+
 def long_row_lanes() -> int:
     """The accumulator lanes of a long row: four vectors of float."""
-    return 2 * MAX_LANES if avx512_enabled(config.cxx) else MAX_LANES
+    return 4 * vector_bytes() // 4
 
 
-def inner_lanes(row: Expr, whole_range: bool = False, welford: bool = False, narrowest: int = 4) -> tuple[int, int]:
+def inner_lanes(row: Expr, whole_range: bool = False, welford: bool = False, min_lanes: int = 0) -> tuple[int, int]:
     """Accumulator lanes for a reduction over rows of ``row`` elements, and the slots of the
     lane arrays: more lanes hide the add latency on long rows (more yet for ``welford``, on
     AVX-512), fewer keep the final combine cheap on short ones. A constant row of at most
     SHORT_ROW is one vector loop with a lane per element and no scalar tail; its slots are
     padded to a power of two (with the identity) for the pairwise combine (a 20-wide pooling
     window: 16 + 4 lanes instead of 8 + 8 + 4). A symbolic row has at least 16 lanes. A row
-    that reads or writes ``narrowest``-byte values (a bool mask) takes at least a vector of
-    them: GCC 12 vectorized a 16-lane loop that read a bool mask in 8-byte vectors, two floats
+    of 128 or more takes at least ``min_lanes`` (``narrow_lanes``: a vector of the bools it
+    reads): GCC 12 vectorized a 16-lane loop that read a bool mask in 8-byte vectors, two floats
     at a time (a masked attention softmax at (8, 4, 128, 128), kernel alone: 1016 -> 156 us with 64 lanes)."""
     if whole_range:  # a full reduction: every thread streams a long chunk
         return 2 * MAX_LANES, 2 * MAX_LANES
@@ -356,17 +361,24 @@ def inner_lanes(row: Expr, whole_range: bool = False, welford: bool = False, nar
         return WELFORD_LANES, WELFORD_LANES
     lanes = long_row_lanes() if size >= WIDE_ROW else 16 if size >= 128 else LANES  # 16: one AVX-512 vector
     if size >= 128:
-        lanes = max(lanes, narrow_lanes(narrowest))
+        lanes = max(lanes, min_lanes)
     return lanes, lanes
 
 
-def narrow_lanes(itemsize: int) -> int:
-    """The lanes a fixed-width loop over values of ``itemsize`` bytes (under 4: a bool mask)
-    needs to fill a vector register of them; 0 for 4 bytes and more. With 16 lanes, GCC 12
+def narrow_lanes(dtypes: Iterable[torch.dtype]) -> int:
+    """The lanes a fixed-width loop over values of ``dtypes`` needs to fill a vector register
+    with the narrowest of them, if it is under 4 bytes (a bool mask); else 0. With 16 lanes, GCC 12
     vectorized a loop that selected under a loaded bool in 8-byte vectors (see inner_lanes); a
     bfloat16 softmax over rows of 256 ran 361 us at 16 lanes and 266 at 32 (4096 rows, kernels
     alone in alternation, AMD EPYC)."""
-    return (64 if avx512_enabled(config.cxx) else 32) // itemsize if itemsize < 4 else 0
+    itemsize = min((dtype.itemsize for dtype in dtypes), default=4)
+    return vector_bytes() // itemsize if itemsize < 4 else 0
+
+
+def line_step(dtypes: Iterable[torch.dtype]) -> int:
+    """Values a streamed loop over ``dtypes`` computes per step: a 64-byte line of float, or the
+    lines that make a vector of its narrowest values (``narrow_lanes``)."""
+    return max(LINE, narrow_lanes(dtypes))
 
 
 def outer_lane_width(width: int, threads: int, other_outer: int = 1) -> int:
