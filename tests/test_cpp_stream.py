@@ -131,7 +131,7 @@ def test_rows_read_through_one_index_stream_and_check_it_once(tmp_path, op: str)
     code = compiled_code(fn, index, table, tmp_path=tmp_path)
     assert "mi_stream_store(" in code, code
     streamed = code[code.index("const int64_t mi_lo"):]
-    assert "mi_err[0] = 1" in code and "mi_err[0] = 1" not in streamed, code  # checked before the loops
+    assert "mi_bad |=" in code and "mi_bad |=" not in streamed, code  # checked before the loops
     loop = streamed[streamed.index("for (int64_t mi_line_at"):].split("mi_stream_store(")[0]
     assert "in_ptr0[" not in loop, loop  # the index is not re-read per line
     torch._dynamo.reset()
@@ -144,11 +144,12 @@ def test_hoisting_skips_bodies_with_lambdas() -> None:
     of such a body is hoisted before the streamed loops (the check would run unmasked)."""
     from minductor.codegen.cpp_stream import hoist_invariant_lines
 
-    plain = ["auto tmp0 = in_ptr0[xo0];", "if (tmp0 < 0 || tmp0 >= 9) { mi_err[0] = 1; tmp0 = 0; }",
-             "auto tmp1 = in_ptr1[9L*tmp0 + xo1];", "out_ptr0[9L*xo0 + xo1] = tmp1;"]
+    plain = ["auto tmp0 = in_ptr0[xo0];", "auto tmp1 = static_cast<uint64_t>(tmp0) < static_cast<uint64_t>(9);",
+             "mi_bad |= tmp1 ? 0 : 1;", "auto tmp2 = tmp1 ? tmp0 : static_cast<int64_t>(0);",
+             "auto tmp3 = in_ptr1[9L*tmp2 + xo1];", "out_ptr0[9L*xo0 + xo1] = tmp3;"]
     hoisted, rest = hoist_invariant_lines(plain, "xo1")
-    assert hoisted == plain[:2] and rest == plain[2:]
+    assert hoisted == plain[:4] and rest == plain[4:]
     masked = ["auto tmp5 = xo0 < 3;", "auto tmp9 = [&]() {", "    auto tmp6 = in_ptr0[xo0];",
-              "    if (tmp6 < 0 || tmp6 >= 9) { mi_err[0] = 1; tmp6 = 0; }", "    return in_ptr1[9L*tmp6 + xo1];",
+              "    mi_bad |= tmp6 < 9 ? 0 : 1;", "    return in_ptr1[9L*tmp6 + xo1];",
               "};", "auto tmp10 = tmp5 ? tmp9() : 0.0f;", "out_ptr0[9L*xo0 + xo1] = tmp10;"]
     assert hoist_invariant_lines(masked, "xo1") == ([], masked)

@@ -93,7 +93,7 @@ def emit_innermost(kernel: Any, code: Any, var: sympy.Symbol, lo: str, hi: str, 
     interior (see the module docstring)."""
     # (imported here: cpp_calls imports cpp_ops, which records comparisons through this module)
     from minductor.codegen.cpp_calls import batchable_calls, emit_batched_loop
-    from minductor.codegen.cpp_stream import emit_streamed_loop, simd_loop, stream_store
+    from minductor.codegen.cpp_stream import emit_streamed_loop, simd_loop_hoisting, stream_store
 
     store = stream_store(kernel, var, length)
 
@@ -102,7 +102,7 @@ def emit_innermost(kernel: Any, code: Any, var: sympy.Symbol, lo: str, hi: str, 
         if store is None and calls:
             emit_batched_loop(code, var, begin, end, lines, calls)
         elif store is None:
-            simd_loop(code, var, begin, end, lines)
+            simd_loop_hoisting(code, var, begin, end, lines)
         else:
             emit_streamed_loop(code, var, begin, end, lines, store, kernel.range_of, calls)
             kernel.streamed = True

@@ -104,14 +104,22 @@ def hoist_inner_invariants(kernel: Any, code: CodeBuffer, start: int, inner: str
                 prologue.writeline(f"auto {tmp} = {expr};")
             prologue.writeline(f"return {root};")
         prologue.writeline("};")
-        prologue.writeline(f"alignas(64) mi_table_t<decltype({table}_fn(0))> {table}[{size}];")
+        bound = kernel.indirect_sizes.get(root)  # an index a gather reads through: 32 bits suffice
+        dtype = "int32_t" if isinstance(bound, sympy.Integer) and bound < 2**31 else f"mi_table_t<decltype({table}_fn(0))>"
+        prologue.writeline(f"alignas(64) {dtype} {table}[{size}];")
         prologue.writeline("#pragma omp simd")
         prologue.writeline(f"for (int64_t {inner} = 0; {inner} < {size}; {inner}++) {table}[{inner}] = {table}_fn({inner});")
         replacements[f"auto {root} = {body_defs[root]};"] = f"auto {root} = {table}[{inner}];"
+    loop_pad = None  # the indent of the loop over ``inner`` the scan is in
     for i in range(start, len(code.lines)):
-        stripped = code.lines[i].strip()
-        if stripped in replacements:
-            code.lines[i] = code.lines[i][: len(code.lines[i]) - len(code.lines[i].lstrip())] + replacements[stripped]
+        stripped, pad = code.lines[i].strip(), _pad(code.lines[i])
+        if stripped.startswith(f"for (int64_t {inner} = "):
+            loop_pad = pad
+        elif loop_pad is not None and len(pad) <= len(loop_pad) and stripped != "{":
+            loop_pad = None
+        # (only in a loop over inner: a line the interior made invariant runs before its loop)
+        elif loop_pad is not None and stripped in replacements:
+            code.lines[i] = pad + replacements[stripped]
     code.lines[start:start] = [indent + line if line else line for line in prologue.lines]
     return len(roots)
 

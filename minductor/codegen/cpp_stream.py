@@ -143,7 +143,7 @@ def emit_streamed_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, bo
 
 
 _DEF = re.compile(r"auto (tmp\d+) = (.*);$")
-_CHECK = re.compile(r"if \((.*)\) \{ mi_err\[0\] = 1; (tmp\d+) = 0; \}$")
+_CHECK = re.compile(r"mi_bad \|= (.*);$")  # an index's bounds check
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _STORE = re.compile(r"(\w+\[.*\] = .*|mi_bad \|= .*);$")
 
@@ -171,6 +171,24 @@ def hoist_invariant_lines(body: list[str], var: str) -> tuple[list[str], list[st
         else:
             hoisted.append(line)
     return hoisted, rest
+
+
+def simd_loop_hoisting(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, body: list[str]) -> None:
+    """``simd_loop`` with the body's invariant lines (``hoist_invariant_lines``) run once before
+    it, when the range is not empty. The compiler leaves cheap invariants in the loop, and GCC
+    12 then did not vectorize a bilinear upsample's loop over one of them, the source row (a
+    select between a float clamp and an int64 conversion): 9.2 ms scalar at (8, 64, 112, 112)."""
+    hoisted, rest = hoist_invariant_lines(body, str(var))
+    if not hoisted:
+        simd_loop(code, var, lo, hi, body)
+        return
+    code.writeline(f"if ({lo} < {hi})")
+    code.writeline("{")
+    with code.indent(open_brace=False):
+        for line in hoisted:
+            code.writeline(line)
+        simd_loop(code, var, lo, hi, rest)
+    code.writeline("}")
 
 
 def open_chunks(code: CodeBuffer, size: Expr, chunk: int) -> int:
