@@ -117,6 +117,8 @@ def _indexing_workloads(n: int) -> dict[str, tuple[Callable[..., Any], Callable[
         "adaptive_avg_pool2d": (lambda x: F.adaptive_avg_pool2d(x, 7), lambda: (image(),)),
         "constant_pad": (lambda x: F.pad(x, (1, 1, 1, 1)) * 2, lambda: (image(),)),
         "cumsum": (lambda x: x.cumsum(1), lambda: (table(),)),
+        "upsample_nearest": (lambda x: F.interpolate(x, scale_factor=2), lambda: (image(),)),
+        "upsample_bilinear": (lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), lambda: (image(),)),
     }
 
 
