@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from minductor import config
 from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer
+from minductor.codegen.cpp_f16c import convert_halves_in_blocks
 from minductor.codegen.cpp_split_rows import THREADS_LINE
 from minductor.runtime.cache import vector_gathers_pay_off
 from minductor.virtualized import V
@@ -38,6 +39,9 @@ def render_unit(kernel: CppKernel, code: CodeBuffer) -> str:
     if (kernel.scatters and not kernel.scatter_chunks) or (kernel.gathers and not vector_gathers_pay_off()):
         code.lines = _without_simd(code.lines)
         kernel.helpers = [(fn, extra, _buffer(_without_simd(block.lines))) for fn, extra, block in kernel.helpers]
+    if "mi_half" in text:
+        code.lines = convert_halves_in_blocks(code.lines)
+        kernel.helpers = [(fn, extra, _buffer(convert_halves_in_blocks(block.lines))) for fn, extra, block in kernel.helpers]
     if kernel.parallel_if:
         code.lines = _parallel_if(code.lines, kernel.parallel_if)
         kernel.helpers = [(fn, extra, _buffer(_parallel_if(block.lines, kernel.parallel_if))) for fn, extra, block in kernel.helpers]

@@ -1,0 +1,220 @@
+"""Half values converted in blocks, with the CPU's conversion instructions.
+
+GCC 12 has no vector mode for ``_Float16`` without AVX512-FP16, so kernels keep half values as
+their 16 bits and convert them with integer and float arithmetic (``mi_half_to_float``, about
+ten instructions a vector each way). F16C converts 16 of them in one instruction, but GCC does
+not vectorize a loop into it. So the loops that read or write a half buffer contiguously get
+their conversions done apart, a block at a time, by ``mi_halves_to_floats`` /
+``mi_floats_to_halves`` (the prelude's F16C loops; the same arithmetic without F16C):
+
+- a loop over lanes (a row reduction's ``mi_base`` step, a streamed line) converts its block
+  of halves into a float array before the lane loop, which then reads the array;
+- a plain ``omp simd`` loop runs in blocks of ``BLOCK``: each block's halves are converted
+  first, its half results are written to a float array and converted after it; the remainder
+  runs the loop as it was.
+
+``x.sum(-1)`` over half rows at 2048x4096, kernel alone: 218 -> 105 us. Loads from a pointer
+the loop also stores through are left in place (a block read ahead would miss the stores).
+"""
+from __future__ import annotations
+
+import re
+
+import sympy
+
+from minductor.codegen.common import cpp_index
+
+BLOCK = 64
+_LOAD = re.compile(r"auto (tmp\d+) = mi_half_to_float\((\w+)\[(.*)\]\);$")
+_STORE = re.compile(r"(\w+)\[(.*)\] = mi_float_to_half\((.*)\);$")
+_ANY_STORE = re.compile(r"(\w+)\[.*\] = ")
+_LANE_LOOP = re.compile(r"for \(int64_t mi_lane = 0; mi_lane < (\d+); mi_lane\+\+\)$")
+_LANE_VAR = re.compile(r"const int64_t (\w+) = (\w+) \+ mi_lane;$")
+_SIMD_LOOP = re.compile(r"for \(int64_t (\w+) = (.+); \1 < (.+); \1\+\+\)$")
+_LITERAL = re.compile(r"\b(\d+)L\b")
+_PARALLEL_SIMD = "#pragma omp parallel for simd"
+
+
+def _pad(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def _at(index: str, var: str, value: str) -> str | None:
+    """``index`` (C++ text) with ``var`` set to ``value``, when it is ``var`` plus terms that do
+    not change along the loop (its elements are contiguous); None otherwise."""
+    if re.search(r"\btmp\d+\b", index):
+        return None
+    try:
+        expr = sympy.sympify(_LITERAL.sub(r"\1", index))
+    except (sympy.SympifyError, SyntaxError, TypeError):
+        return None
+    v = sympy.Symbol(var)
+    if not expr.is_polynomial(v) or sympy.diff(expr, v) != 1:
+        return None
+    return cpp_index(expr.xreplace({v: sympy.Symbol(value)}))
+
+
+def _flat_body(lines: list[str], start: int) -> int | None:
+    """The index of the ``}`` closing the body opened at ``lines[start]`` (a ``{``), if every
+    line between is a statement at the body's own level (no lambda, no nested block)."""
+    pad = _pad(lines[start])
+    for j in range(start + 1, len(lines)):
+        if lines[j] == pad + "}":
+            return j
+        if _pad(lines[j]) != pad + "    " or lines[j].rstrip().endswith(("{", "}")) or "[&]" in lines[j]:
+            return None
+    return None
+
+
+def _loop_body(lines: list[str], at: int) -> tuple[list[str], int] | None:
+    """The body of the loop whose pragma is ``lines[at]`` (a flat body, or one block deeper as
+    pointwise kernels write it, then taken out of that block), and the index of its last line."""
+    pad = _pad(lines[at])
+    if at + 3 >= len(lines) or lines[at + 2] != pad + "{":
+        return None
+    if lines[at + 3] != pad + "    {":
+        end = _flat_body(lines, at + 2)
+        return (lines[at + 3:end], end) if end is not None else None
+    end = _flat_body(lines, at + 3)
+    if end is None or end + 1 >= len(lines) or lines[end + 1] != pad + "}":
+        return None
+    return [line[4:] for line in lines[at + 4:end]], end + 1
+
+
+def _conversions(body: list[str], var: str, base: str, lane: str, n: str) -> tuple[list[str], list[str], list[str]]:
+    """(lines before the loop, the body rewritten, lines after it) for the contiguous half loads
+    and stores of ``body`` over ``var``, a block of ``n`` of them starting where ``var`` is
+    ``base``; ``lane`` is the element's place in the block."""
+    stored = {m.group(1) for line in body if (m := _ANY_STORE.match(line.strip()))}
+    before: list[str] = []
+    after: list[str] = []
+    loads = 0
+    rewritten = list(body)
+    for i, line in enumerate(body):
+        text = line.strip()
+        load, store = _LOAD.match(text), _STORE.match(text)
+        if load and load.group(2) not in stored and (at := _at(load.group(3), var, base)) is not None:
+            array, loads = f"mi_h{loads}", loads + 1
+            before += [f"alignas(64) float {array}[{n}];", f"mi_halves_to_floats<{n}>(&{load.group(2)}[{at}], {array});"]
+            rewritten[i] = f"{_pad(line)}auto {load.group(1)} = {array}[{lane}];"
+        elif store and (at := _at(store.group(2), var, base)) is not None:
+            array = f"mi_hs{len(after)}"
+            before.append(f"alignas(64) float {array}[{n}];")
+            after.append(f"mi_floats_to_halves<{n}>({array}, &{store.group(1)}[{at}]);")
+            rewritten[i] = f"{_pad(line)}{array}[{lane}] = {store.group(3)};"
+    return before, rewritten, after
+
+
+def convert_halves_in_blocks(lines: list[str]) -> list[str]:
+    """``lines`` (a kernel's C++) with the half conversions of its lane loops and plain ``omp
+    simd`` loops done in blocks (see the module docstring)."""
+    if not any("mi_half_to_float(" in line or "mi_float_to_half(" in line for line in lines):
+        return lines
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        head = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        if line.strip().startswith("#pragma omp simd") and (lane := _LANE_LOOP.match(head)):
+            done = _lane_loop(lines, i, int(lane.group(1)))
+        elif line.strip().startswith("#pragma omp simd") and _SIMD_LOOP.match(head):
+            done = _simd_loop(lines, i)
+        elif line.strip().startswith(_PARALLEL_SIMD) and _SIMD_LOOP.match(head):
+            done = _parallel_simd_loop(lines, i)
+        else:
+            done = None
+        if done is None:
+            out.append(line)
+            i += 1
+        else:
+            new, i = done
+            out += new
+    return out
+
+
+def _lane_loop(lines: list[str], at: int, n: int) -> tuple[list[str], int] | None:
+    """A lane loop (``lines[at]`` its pragma) whose first body line binds its variable to a base
+    plus the lane: the block's conversions before the pragma and after the loop."""
+    end = _flat_body(lines, at + 2) if at + 3 < len(lines) and lines[at + 2].strip() == "{" else None
+    bind = _LANE_VAR.match(lines[at + 3].strip()) if end is not None else None
+    if bind is None or n % 16:
+        return None
+    body = lines[at + 4:end]
+    before, body, after = _conversions(body, bind.group(1), bind.group(2), "mi_lane", str(n))
+    if not before:
+        return None
+    pad = _pad(lines[at])
+    return [*(pad + b for b in before), *lines[at:at + 4], *body, lines[end], *(pad + a for a in after)], end + 1
+
+
+def _simd_loop(lines: list[str], at: int) -> tuple[list[str], int] | None:
+    """A plain ``omp simd`` loop (``lines[at]`` its pragma) in blocks of BLOCK, then its remainder."""
+    var, lo, hi = _SIMD_LOOP.match(lines[at + 1].strip()).groups()
+    found = _loop_body(lines, at)
+    if found is None:
+        return None
+    body, end = found
+    before, blocked, after = _conversions(body, var, "mi_hb", f"{var} - mi_hb", str(BLOCK))
+    if not before:
+        return None
+    pad, inner = _pad(lines[at]), _pad(lines[at]) + "    "
+    static = lo.isdigit() and hi.isdigit()
+    whole = static and (int(hi) - int(lo)) % BLOCK == 0  # (no remainder loop: it would run no iteration)
+    remainder = [] if whole else [
+        inner + lines[at].strip(),
+        inner + f"for (int64_t {var} = mi_hend; {var} < {hi}; {var}++)",
+        *("    " + b for b in lines[at + 2:end + 1]),
+    ]
+    return [
+        pad + "{",
+        inner + f"const int64_t mi_hend = {int(lo) + (int(hi) - int(lo)) // BLOCK * BLOCK if static else f'({lo}) + (({hi}) - ({lo})) / {BLOCK} * {BLOCK}'};",
+        inner + f"for (int64_t mi_hb = {lo}; mi_hb < mi_hend; mi_hb += {BLOCK})",
+        inner + "{",
+        *(inner + "    " + b for b in before),
+        inner + "    " + lines[at].strip(),
+        inner + f"    for (int64_t {var} = mi_hb; {var} < mi_hb + {BLOCK}; {var}++)",
+        inner + "    {",
+        *("        " + b for b in blocked),
+        inner + "    }",
+        *(inner + "    " + a for a in after),
+        inner + "}",
+        *remainder,
+        pad + "}",
+    ], end + 1
+
+
+def _parallel_simd_loop(lines: list[str], at: int) -> tuple[list[str], int] | None:
+    """A one-dimensional pointwise kernel's ``omp parallel for simd`` loop over a static range:
+    threads take blocks of BLOCK, each converted as in ``_simd_loop``; the remainder runs
+    after, in this thread."""
+    var, lo, hi = _SIMD_LOOP.match(lines[at + 1].strip()).groups()
+    found = _loop_body(lines, at) if lo.isdigit() and hi.isdigit() else None
+    if found is None:
+        return None
+    body, end = found
+    before, blocked, after = _conversions(body, var, "mi_hb", f"{var} - mi_hb", str(BLOCK))
+    if not before:
+        return None
+    pad = _pad(lines[at])
+    clauses = lines[at].strip()[len(_PARALLEL_SIMD):]
+    simd = "#pragma omp simd" + (" reduction(|:mi_bad)" if "reduction(|:mi_bad)" in clauses else "")
+    hend = int(lo) + (int(hi) - int(lo)) // BLOCK * BLOCK
+    remainder = [] if hend == int(hi) else [
+        pad + simd,
+        pad + f"for (int64_t {var} = {hend}; {var} < {hi}; {var}++)",
+        *lines[at + 2:end + 1],
+    ]
+    return [
+        pad + "#pragma omp parallel for" + clauses,
+        pad + f"for (int64_t mi_hb = {lo}; mi_hb < {hend}; mi_hb += {BLOCK})",
+        pad + "{",
+        *(pad + "    " + b for b in before),
+        pad + "    " + simd,
+        pad + f"    for (int64_t {var} = mi_hb; {var} < mi_hb + {BLOCK}; {var}++)",
+        pad + "    {",
+        *("    " + b for b in blocked),
+        pad + "    }",
+        *(pad + "    " + a for a in after),
+        pad + "}",
+        *remainder,
+    ], end + 1

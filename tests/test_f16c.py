@@ -1,0 +1,116 @@
+"""Half values converted in blocks (codegen/cpp_f16c.py): the prelude's block conversions are
+exact on every path (F16C in vectors of 16 or 8, and the arithmetic fallback), and kernels that
+read or write half rows contiguously use them and still match eager."""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minductor import config
+from minductor.codegen.cpp_f16c import convert_halves_in_blocks
+
+
+@pytest.mark.parametrize("block", [64, 24, 12], ids=["vectors_of_16", "vectors_of_8", "fallback"])
+def test_block_conversions_are_exact(block: int) -> None:
+    """Every half converts to eager's float; floats (random bit patterns, every half, the
+    midpoints between neighbours and their neighbours: the ties) round to eager's half."""
+    from minductor.runtime.cache import compile_cpp
+
+    source = f"""#include "minductor_prelude.h"
+extern "C" void h2f(const mi_half* h, float* o, int64_t n) {{
+    alignas(64) float block[{block}];
+    for (int64_t i = 0; i < n; i += {block}) {{
+        mi_halves_to_floats<{block}>(h + i, block);
+        for (int k = 0; k < {block}; k++) o[i + k] = block[k];
+    }}
+}}
+extern "C" void f2h(const float* a, mi_half* o, int64_t n) {{
+    alignas(64) float block[{block}];
+    for (int64_t i = 0; i < n; i += {block}) {{
+        for (int k = 0; k < {block}; k++) block[k] = a[i + k];
+        mi_floats_to_halves<{block}>(block, o + i);
+    }}
+}}
+"""
+    lib = ctypes.CDLL(str(compile_cpp(source, f"mi_f16c_test_{block}")))
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+    n = 65536 // block * block
+    halves = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16)[:n].clone()
+    got = torch.empty(n)
+    lib.h2f(ptr(halves), ptr(got), ctypes.c_int64(n))
+    want = halves.float()
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan) and torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
+
+    bits = torch.randint(-2**31, 2**31 - 1, (1 << 18,), generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    finite = want[want.isfinite()].double().sort().values
+    mids = ((finite[:-1] + finite[1:]) / 2)[finite[:-1] < finite[1:]].float()
+    up, down = torch.nextafter(mids, torch.tensor(float("inf"))), torch.nextafter(mids, torch.tensor(-float("inf")))
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 65504.0, 65519.99, 65520.0, 1e-45, 2.98e-8])
+    floats = torch.cat([bits.view(torch.float32), want, mids, up, down, specials])
+    floats = floats[: floats.numel() // block * block].contiguous()
+    out = torch.empty(floats.numel(), dtype=torch.int16)
+    lib.f2h(ptr(floats), ptr(out), ctypes.c_int64(floats.numel()))
+    ref, nan = floats.half(), floats.isnan()
+    assert torch.equal(out.view(torch.float16).isnan(), nan)
+    assert torch.equal(out[~nan], ref.view(torch.int16)[~nan]), int((out[~nan] != ref.view(torch.int16)[~nan]).sum())
+
+
+CASES = {
+    "softmax": lambda x: x.softmax(-1),
+    "log_softmax": lambda x: x.log_softmax(-1),
+    "layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],)),
+    "sum": lambda x: x.sum(-1),
+    "row_pointwise": lambda x: x * x.amax(-1, keepdim=True) + 1,
+}
+
+
+@pytest.mark.parametrize("cols", [1000, 4096])
+@pytest.mark.parametrize("case", list(CASES))
+def test_half_row_kernels_convert_in_blocks(case: str, cols: int, tmp_path: Path) -> None:
+    """Rows of 1000 (blocks and a remainder) and 4096 (blocks only) match eager, and the kernel
+    reads (and writes) its half rows through the block conversions."""
+    fn = CASES[case]
+    x = torch.randn(16, cols).half()
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        out = torch.compile(fn, backend="minductor")(x)
+    ref = fn(x.float()).half()  # eager's half ops compute in float and round once, as ours do
+    torch.testing.assert_close(out, ref, atol=2e-3 * max(1.0, float(ref.abs().max())), rtol=2e-3)
+    torch.testing.assert_close(out, fn(x), atol=2e-3 * max(1.0, float(ref.abs().max())), rtol=4e-3)
+    code = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_fused_*.cpp"))
+    assert "mi_halves_to_floats<" in code, code
+    assert case == "sum" or "mi_floats_to_halves<" in code, code
+
+
+def test_a_pointer_the_loop_stores_through_is_read_in_place() -> None:
+    """A block read ahead of the loop would miss the loop's own stores: such loads stay."""
+    lines = ["#pragma omp simd",
+             "for (int64_t xi0 = 0; xi0 < 256; xi0++)",
+             "{",
+             "    auto tmp0 = mi_half_to_float(in_out_ptr0[xi0 + 1]);",
+             "    auto tmp1 = mi_half_to_float(in_ptr0[xi0]);",
+             "    in_out_ptr0[xi0] = mi_float_to_half(tmp0 + tmp1);",
+             "}"]
+    code = "\n".join(convert_halves_in_blocks(lines))
+    assert "mi_halves_to_floats<64>(&in_ptr0[mi_hb], mi_h0);" in code, code
+    assert "auto tmp0 = mi_half_to_float(in_out_ptr0[xi0 + 1]);" in code, code
+    assert "mi_floats_to_halves<64>(mi_hs0, &in_out_ptr0[mi_hb]);" in code, code
+
+
+@pytest.mark.parametrize("n", [37000, 4096])
+def test_half_pointwise_kernels_convert_in_blocks(n: int, tmp_path: Path) -> None:
+    """A one-dimensional pointwise kernel over halves: threads take blocks of converted values,
+    and a remainder (37000 = 578 blocks of 64 and 8) runs the loop as it was."""
+    fn = lambda x, y: (F.gelu(x) * y + x, (x > y).half() - y)  # noqa: E731
+    x, y = torch.randn(n).half(), torch.randn(n).half()
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        out = torch.compile(fn, backend="minductor")(x, y)
+    for got, want in zip(out, fn(x, y)):
+        torch.testing.assert_close(got, want, atol=4e-3, rtol=2e-3)
+    code = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_fused_*.cpp"))
+    assert "mi_halves_to_floats<64>(&in_ptr0[mi_hb]" in code and "mi_floats_to_halves<64>(mi_hs0" in code, code
+    assert ("xo0 = 36992; xo0 < 37000" in code) == (n == 37000), code
