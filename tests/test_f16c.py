@@ -114,3 +114,21 @@ def test_half_pointwise_kernels_convert_in_blocks(n: int, tmp_path: Path) -> Non
     code = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_fused_*.cpp"))
     assert "mi_halves_to_floats<64>(&in_ptr0[mi_hb]" in code and "mi_floats_to_halves<64>(mi_hs0" in code, code
     assert ("xo0 = 36992; xo0 < 37000" in code) == (n == 37000), code
+
+
+@pytest.mark.parametrize("cols", [1000, 4096])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_16_bit_scans_over_rows_convert_in_blocks(dtype: torch.dtype, cols: int, tmp_path: Path) -> None:
+    """Rows scanned together (10 rows: two groups of 4 and two rows alone) read and write their
+    16-bit values a block at a time, and every step still combines in eager's order."""
+    fns = {"cumsum": lambda x: x.cumsum(-1), "cumprod": lambda x: (x * 0.1 + 1).cumprod(-1),
+           "cummax": lambda x: x.cummax(-1).values}
+    x = torch.randn(10, cols).to(dtype)
+    for name, fn in fns.items():
+        torch._dynamo.reset()
+        with config.patch(debug=True, debug_dir=str(tmp_path / name)):
+            out = torch.compile(fn, backend="minductor")(x)
+        torch.testing.assert_close(out, fn(x), atol=2e-2 if dtype == torch.bfloat16 else 4e-3, rtol=1.6e-2)
+        code = "\n".join(p.read_text() for p in (tmp_path / name).glob("graph_*/cpp_fused_*.cpp"))
+        kind = "halves" if dtype == torch.float16 else "bf16s"
+        assert f"mi_{kind}_to_floats<64>(&in_ptr0[mi_rb + " in code and f"mi_floats_to_{kind}<64>(mi_hs0_3" in code, code

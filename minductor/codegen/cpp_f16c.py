@@ -25,8 +25,11 @@ import sympy
 from minductor.codegen.common import cpp_index
 
 BLOCK = 64
-_LOAD = re.compile(r"auto (tmp\d+) = mi_half_to_float\((\w+)\[(.*)\]\);$")
-_STORE = re.compile(r"(\w+)\[(.*)\] = mi_float_to_half\((.*)\);$")
+_LOAD = re.compile(r"auto (tmp\d+) = mi_(half|bf16)_to_float\((\w+)\[(.*)\]\);$")
+_STORE = re.compile(r"(\w+)\[(.*)\] = mi_float_to_(half|bf16)\((.*)\);$")
+# the block conversions of each 16-bit type
+_TO_FLOATS = {"half": "mi_halves_to_floats", "bf16": "mi_bf16s_to_floats"}
+_FROM_FLOATS = {"half": "mi_floats_to_halves", "bf16": "mi_floats_to_bf16s"}
 _ANY_STORE = re.compile(r"(\w+)\[.*\] = ")
 _LANE_LOOP = re.compile(r"for \(int64_t mi_lane = 0; mi_lane < (\d+); mi_lane\+\+\)$")
 _LANE_VAR = re.compile(r"const int64_t (\w+) = (\w+) \+ mi_lane;$")
@@ -81,10 +84,11 @@ def _loop_body(lines: list[str], at: int) -> tuple[list[str], int] | None:
     return [line[4:] for line in lines[at + 4:end]], end + 1
 
 
-def _conversions(body: list[str], var: str, base: str, lane: str, n: str) -> tuple[list[str], list[str], list[str]]:
-    """(lines before the loop, the body rewritten, lines after it) for the contiguous half loads
-    and stores of ``body`` over ``var``, a block of ``n`` of them starting where ``var`` is
-    ``base``; ``lane`` is the element's place in the block."""
+def _conversions(body: list[str], var: str, base: str, lane: str, n: str,
+                 kinds: tuple[str, ...] = ("half",)) -> tuple[list[str], list[str], list[str]]:
+    """(lines before the loop, the body rewritten, lines after it) for the contiguous loads and
+    stores of ``body`` over ``var`` of the 16-bit ``kinds`` ("half", "bf16"), a block of ``n``
+    of them starting where ``var`` is ``base``; ``lane`` is the element's place in the block."""
     stored = {m.group(1) for line in body if (m := _ANY_STORE.match(line.strip()))}
     before: list[str] = []
     after: list[str] = []
@@ -93,15 +97,17 @@ def _conversions(body: list[str], var: str, base: str, lane: str, n: str) -> tup
     for i, line in enumerate(body):
         text = line.strip()
         load, store = _LOAD.match(text), _STORE.match(text)
-        if load and load.group(2) not in stored and (at := _at(load.group(3), var, base)) is not None:
+        if (load and load.group(2) in kinds and load.group(3) not in stored
+                and (at := _at(load.group(4), var, base)) is not None):
             array, loads = f"mi_h{loads}", loads + 1
-            before += [f"alignas(64) float {array}[{n}];", f"mi_halves_to_floats<{n}>(&{load.group(2)}[{at}], {array});"]
+            before += [f"alignas(64) float {array}[{n}];",
+                       f"{_TO_FLOATS[load.group(2)]}<{n}>(&{load.group(3)}[{at}], {array});"]
             rewritten[i] = f"{_pad(line)}auto {load.group(1)} = {array}[{lane}];"
-        elif store and (at := _at(store.group(2), var, base)) is not None:
+        elif store and store.group(3) in kinds and (at := _at(store.group(2), var, base)) is not None:
             array = f"mi_hs{len(after)}"
             before.append(f"alignas(64) float {array}[{n}];")
-            after.append(f"mi_floats_to_halves<{n}>({array}, &{store.group(1)}[{at}]);")
-            rewritten[i] = f"{_pad(line)}{array}[{lane}] = {store.group(3)};"
+            after.append(f"{_FROM_FLOATS[store.group(3)]}<{n}>({array}, &{store.group(1)}[{at}]);")
+            rewritten[i] = f"{_pad(line)}{array}[{lane}] = {store.group(4)};"
     return before, rewritten, after
 
 
@@ -218,3 +224,47 @@ def _parallel_simd_loop(lines: list[str], at: int) -> tuple[list[str], int] | No
         pad + "}",
         *remainder,
     ], end + 1
+
+
+def blocked_scan_rows(rows: list[list[str]], var: str, base: str, length: str) -> list[str] | None:
+    """The scan loop over ``r0`` of rows scanned together (``rows[k]``: row k's step, its
+    variable ``var`` = ``base`` + k), in blocks of BLOCK whose half and bfloat16 loads and
+    stores are converted a row's block at a time; the remainder steps as before. None when the
+    steps read and write no 16-bit values contiguously along the scan. A half cumsum over rows
+    converted every element alone in its scalar loop, about 20 instructions each: 13.4 ms at
+    2048x4096 (kernel alone; eager's whole call 2.8), 1.07 ms in blocks."""
+    decls: list[str] = []
+    pre: list[str] = []
+    post: list[str] = []
+    steps: list[str] = []
+    plain: list[str] = []
+    for k, step in enumerate(rows):
+        before, body, after = _conversions(step, "r0", "mi_rb", "r0 - mi_rb", str(BLOCK), ("half", "bf16"))
+        if not before:
+            return None
+        def rename(line: str, k: int = k) -> str:
+            return re.sub(r"\bmi_h(s?)(\d+)\b", rf"mi_h\g<1>\g<2>_{k}", line)
+        bind = f"    const int64_t {var} = {base} + {k};"
+        decls += [rename(line) for line in before if line.startswith("alignas")]
+        calls = [rename(line) for line in before if not line.startswith("alignas")]
+        pre += ["{", bind, *("    " + c for c in calls), "}"] if calls else []
+        post += ["{", bind, *("    " + rename(a) for a in after), "}"] if after else []
+        steps += ["{", bind, *("    " + rename(line.strip()) for line in body), "}"]
+        plain += ["{", bind, *("    " + line.strip() for line in step), "}"]
+    end = str(int(length) // BLOCK * BLOCK) if length.isdigit() else f"({length}) / {BLOCK} * {BLOCK}"
+    return [
+        f"const int64_t mi_rend = {end};",
+        f"for (int64_t mi_rb = 0; mi_rb < mi_rend; mi_rb += {BLOCK})",
+        "{",
+        *("    " + line for line in decls + pre),
+        f"    for (int64_t r0 = mi_rb; r0 < mi_rb + {BLOCK}; r0++)",
+        "    {",
+        *("        " + line for line in steps),
+        "    }",
+        *("    " + line for line in post),
+        "}",
+        f"for (int64_t r0 = mi_rend; r0 < {length}; r0++)",
+        "{",
+        *("    " + line for line in plain),
+        "}",
+    ]

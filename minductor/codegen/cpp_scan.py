@@ -25,6 +25,7 @@ import sympy
 
 from minductor.codegen.common import CPP_COMPUTE_TYPES, CodeBuffer, cpp_index
 from minductor.codegen.cpp import CppKernel
+from minductor.codegen.cpp_f16c import blocked_scan_rows
 from minductor.codegen.cpp_ops import CppOps, cpp_constant
 from minductor.codegen.loop_shapes import parallel_decision, planning_size
 from minductor.ir.indexing import FloorDiv, ModularIndexing, index_symbol
@@ -133,13 +134,18 @@ class CppScanKernel(CppKernel):
             with code.indent():
                 for k in range(INTERLEAVE):
                     self._declare_carries(code, [f"mi_carry{i}_{k}" for i in range(n_carries)])
-                code.writeline(f"for (int64_t r0 = 0; r0 < {length}; r0++)")
-                with code.indent():
-                    for k in range(INTERLEAVE):
-                        with code.indent():
-                            code.writeline(f"const int64_t {var} = {base} + {k};")
-                            for line in step.lines:
-                                code.writeline(_CARRY.sub(rf"mi_carry\1_{k}", line))
+                rows = [[_CARRY.sub(rf"mi_carry\1_{k}", line) for line in step.lines] for k in range(INTERLEAVE)]
+                blocked = blocked_scan_rows(rows, var, base, length)
+                for line in blocked or []:
+                    code.writeline(line)
+                if blocked is None:
+                    code.writeline(f"for (int64_t r0 = 0; r0 < {length}; r0++)")
+                    with code.indent():
+                        for k in range(INTERLEAVE):
+                            with code.indent():
+                                code.writeline(f"const int64_t {var} = {base} + {k};")
+                                for line in rows[k]:
+                                    code.writeline(line)
             code.writeline("else")
             code.writeline(f"for (int64_t {var} = {base}; {var} < {size}; {var}++)")
             with code.indent():

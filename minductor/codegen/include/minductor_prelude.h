@@ -229,6 +229,15 @@ template <int N> static inline void mi_floats_to_halves(const float* __restrict_
     for (int k = 0; k < N; k++) dst[k] = mi_float_to_half(src[k]);
 }
 
+template <int N> static inline void mi_bf16s_to_floats(const mi_bf16* __restrict__ src, float* __restrict__ dst) {
+    #pragma omp simd
+    for (int k = 0; k < N; k++) dst[k] = mi_bf16_to_float(src[k]);
+}
+template <int N> static inline void mi_floats_to_bf16s(const float* __restrict__ src, mi_bf16* __restrict__ dst) {
+    #pragma omp simd
+    for (int k = 0; k < N; k++) dst[k] = mi_float_to_bf16(src[k]);
+}
+
 // NaN-propagating maximum/minimum (torch.maximum semantics; a tie of -0 and +0 gives b, as
 // eager's vectorized maximum does)
 // (two selects of one compare each: early returns made GCC 12 give up some loops)
