@@ -113,7 +113,8 @@ def test_half_pointwise_kernels_convert_in_blocks(n: int, tmp_path: Path) -> Non
         torch.testing.assert_close(got, want, atol=4e-3, rtol=2e-3)
     code = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_fused_*.cpp"))
     assert "mi_halves_to_floats<64>(&in_ptr0[mi_hb]" in code and "mi_floats_to_halves<64>(mi_hs0" in code, code
-    assert ("xo0 = 36992; xo0 < 37000" in code) == (n == 37000), code
+    assert f"const int64_t mi_hend = {n // 64 * 64};" in code, code
+    assert ("for (int64_t xo0 = mi_hend; xo0 < 37000; xo0++)" in code) == (n == 37000), code
 
 
 @pytest.mark.parametrize("cols", [1000, 4096])
