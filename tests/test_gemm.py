@@ -188,3 +188,41 @@ def test_weight_gradient_inputs_are_copied_by_our_tiled_kernel(tmp_path: Path) -
     assert not re.search(rf"{ONEDNN}\.default\(reinterpret_tensor\(\w+, \(\d+, \d+\), \(1, ", code), code
     clones = [p.read_text() for p in tmp_path.glob("graph_*_backward/cpp_fused_clone_*.cpp")]
     assert clones and all("mi_stage0" in c for c in clones), [p.name for p in tmp_path.glob("graph_*_backward/*.cpp")]
+
+
+HALF_PRODUCTS = {
+    "mm": (lambda a, b, bias, x, y, z: a @ b),
+    "addmm": (lambda a, b, bias, x, y, z: torch.addmm(bias, a, b)),
+    "addmm_scaled": (lambda a, b, bias, x, y, z: torch.addmm(bias, a, b, beta=0.5, alpha=2.0)),
+    "linear_gelu": (lambda a, b, bias, x, y, z: F.gelu(F.linear(a, b.t(), bias))),
+    "bmm": (lambda a, b, bias, x, y, z: torch.bmm(x, y)),
+    "baddbmm": (lambda a, b, bias, x, y, z: torch.baddbmm(z, x, y, alpha=0.5)),
+}
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["float32_products", "aten_half_products"])
+@pytest.mark.parametrize("case", list(HALF_PRODUCTS))
+def test_half_products_without_native_half_gemm_run_in_float32(case: str, native: bool, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU without native half GEMM (eager's half product ~75x slower than float32's), a
+    half product runs in float32 and rounds to half once, as eager's accumulates and rounds:
+    the wrapper's products write float32 buffers only. With native half GEMM, aten's half
+    ops. Both within half rounding of an fp64 reference."""
+    monkeypatch.setattr(cache, "native_half_gemm", lambda: native)
+    torch.manual_seed(0)
+    args = [torch.randn(300, 64), torch.randn(64, 96), torch.randn(96), torch.randn(4, 30, 64), torch.randn(4, 64, 20),
+            torch.randn(4, 30, 20)]
+    fn = HALF_PRODUCTS[case]
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        out = torch.compile(fn, backend="minductor")(*(t.half() for t in args))
+    ref = fn(*(t.half().double() for t in args))
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-3)
+    (code,) = _codes(tmp_path).values()
+    buffers = dict(re.findall(r"(buf\d+) = empty_strided\(.*dtype=torch\.(\w+)\)", code))
+    products = re.findall(r"aten\.\w*mm\.out\(.*out=(buf\d+)\)", code)
+    onednn = re.findall(r"(buf\d+) = [\w.]*_linear_pointwise", code)  # (float32 only)
+    assert products + onednn, code
+    if not native:
+        assert all(buffers[n] == "float32" for n in products), code
+    elif case in ("mm", "bmm", "addmm"):  # (the others' decompositions compute in float32 themselves)
+        assert all(buffers[n] == "float16" for n in products) and not onednn, code

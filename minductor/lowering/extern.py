@@ -22,7 +22,7 @@ from minductor.ir.nodes import (
     TensorBox,
 )
 from minductor.ir.views import contiguous_copy, realize_input
-from minductor.lowering.registry import aten, register_lowering, stored_in
+from minductor.lowering.registry import aten, register_lowering, stored_in, to_dtype
 from minductor.runtime.helpers import mm_onednn
 from minductor.sizevars import to_expr
 from minductor.virtualized import V
@@ -43,18 +43,21 @@ def _realize_args(obj: Any) -> Any:
     return obj
 
 
-def extern_out(op: Any, *args: Any, **kwargs: Any) -> TensorBox:
-    """Call ``op`` (an ``.out`` overload) writing into a newly planned buffer."""
+def extern_out(op: Any, *args: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
+    """Call ``op`` (an ``.out`` overload) writing into a newly planned buffer (of the node's
+    dtype, or ``dtype``)."""
     val = V.graph.current_node.meta["val"]
     layout = layout_of(val)
-    node = ExternKernelOut(name="", layout=FixedLayout(layout.device, layout.dtype, layout.size, layout.stride), op=op,
-                           args=_realize_args(args), kwargs=_realize_args(kwargs))
+    node = ExternKernelOut(name="", layout=FixedLayout(layout.device, dtype or layout.dtype, layout.size, layout.stride),
+                           op=op, args=_realize_args(args), kwargs=_realize_args(kwargs))
     V.graph.register_buffer(node)
     return TensorBox.create(node)
 
 
 @register_lowering(aten.mm)
 def mm(a: TensorBox, b: TensorBox) -> TensorBox:
+    if _half_as_float(a, b):
+        return to_dtype(mm(to_dtype(a, torch.float32), to_dtype(b, torch.float32)), torch.float16)
     if _onednn_mm(a, b):
         from minductor.lowering.views import permute
 
@@ -63,7 +66,19 @@ def mm(a: TensorBox, b: TensorBox) -> TensorBox:
         if not sympy.sympify(a.get_size()[1]).is_Integer:  # the run-time helper handles k == 0
             return extern_alloc(mm_onednn, a, permute(b, [1, 0]))
         return extern_alloc(torch.ops.mkldnn._linear_pointwise.default, a, permute(b, [1, 0]), None, "none", [], "")
-    return extern_out(aten.mm.out, a, b)
+    return extern_out(aten.mm.out, a, b, dtype=a.get_dtype())
+
+
+def _half_as_float(a: TensorBox, b: TensorBox) -> bool:
+    """Whether a half product runs as a float32 one, rounded to half once at the end: on a CPU
+    without native half GEMM (``native_half_gemm``), where eager's is ~75x slower. Eager's
+    accumulates in float32 and rounds once too; the float32 copies of the operands (half as
+    large again as their half values) are the price."""
+    from minductor import config
+    from minductor.runtime.cache import native_half_gemm
+
+    return (a.get_device().type == "cpu" and config.cpu_backend == "cpp" and a.get_dtype() == torch.float16
+            and b.get_dtype() == torch.float16 and not native_half_gemm())
 
 
 def _contiguous(a: TensorBox) -> IRNode:
@@ -105,16 +120,20 @@ def _onednn_mm(a: TensorBox, b: TensorBox) -> bool:
 
 
 def extern_alloc(op: Any, *args: Any) -> TensorBox:
-    """Call ``op``, which allocates its result: a buffer of the fake result's layout (the
-    wrapper asserts it where sizes are static)."""
-    node = ExternKernelAlloc(name="", layout=layout_of(V.graph.current_node.meta["val"]), op=op, args=_realize_args(args))
+    """Call ``op``, which allocates its result: a buffer of the fake result's layout and the
+    first argument's dtype (the wrapper asserts them where sizes are static)."""
+    layout = layout_of(V.graph.current_node.meta["val"])
+    layout = FixedLayout(layout.device, args[0].get_dtype(), layout.size, layout.stride)
+    node = ExternKernelAlloc(name="", layout=layout, op=op, args=_realize_args(args))
     V.graph.register_buffer(node)
     return TensorBox.create(node)
 
 
 @register_lowering(aten.bmm)
 def bmm(a: TensorBox, b: TensorBox) -> TensorBox:
-    return extern_out(aten.bmm.out, a, b)
+    if _half_as_float(a, b):
+        return to_dtype(bmm(to_dtype(a, torch.float32), to_dtype(b, torch.float32)), torch.float16)
+    return extern_out(aten.bmm.out, a, b, dtype=a.get_dtype())
 
 
 @register_lowering(aten.addmm)
@@ -123,11 +142,23 @@ def addmm(bias: TensorBox, a: TensorBox, b: TensorBox, *, beta: Any = 1, alpha: 
     which fuses into the kernel that next reads the product (GELU, a residual add):
     ``addmm.out`` would first copy the broadcast bias into the output and then have the GEMM
     read it back (beta=1)."""
+    if _half_as_float(a, b) and isinstance(bias, IRNode):
+        return _half_as_float_with_bias(mm(to_dtype(a, torch.float32), to_dtype(b, torch.float32)), bias, beta, alpha)
     if beta == 1 and alpha == 1 and _bias_in_epilogue(bias, a):
         from minductor.lowering.registry import lowerings
 
         return lowerings[aten.add.Tensor](mm(a, b), bias)
     return extern_out(aten.addmm.out, bias, a, b, beta=beta, alpha=alpha)
+
+
+def _half_as_float_with_bias(product: TensorBox, bias: TensorBox, beta: Any, alpha: Any) -> TensorBox:
+    """``beta * bias + alpha * product`` of a float32 product, in float32, rounded to half once."""
+    from minductor.lowering.registry import lowerings
+
+    add, mul = lowerings[aten.add.Tensor], lowerings[aten.mul.Tensor]
+    scaled = product if alpha == 1 else mul(product, alpha)
+    bias = to_dtype(bias, torch.float32)
+    return to_dtype(add(scaled, bias if beta == 1 else mul(bias, beta)), torch.float16)
 
 
 def _bias_in_epilogue(bias: Any, a: TensorBox) -> bool:
@@ -140,6 +171,8 @@ def _bias_in_epilogue(bias: Any, a: TensorBox) -> bool:
 
 @register_lowering(aten.baddbmm)
 def baddbmm(bias: TensorBox, a: TensorBox, b: TensorBox, *, beta: Any = 1, alpha: Any = 1) -> TensorBox:
+    if _half_as_float(a, b) and isinstance(bias, IRNode):
+        return _half_as_float_with_bias(bmm(to_dtype(a, torch.float32), to_dtype(b, torch.float32)), bias, beta, alpha)
     return extern_out(aten.baddbmm.out, bias, a, b, beta=beta, alpha=alpha)
 
 

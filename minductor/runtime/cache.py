@@ -166,6 +166,15 @@ def vector_gathers_pay_off() -> bool:
 
 
 @functools.cache
+def native_half_gemm() -> bool:
+    """Whether the CPU multiplies half matrices natively (AVX512-FP16 or AMX-FP16). Without,
+    eager's half GEMM takes a slow path: a (1024, 256) @ (256, 768) half product took 144 ms on
+    an AMD EPYC (family 26), the same product in float32 and rounded 1.9 ms."""
+    flags = cpu_info().get("flags", "").split()
+    return "avx512_fp16" in flags or "amx_fp16" in flags
+
+
+@functools.cache
 def onednn_gemm_pays_off() -> bool:
     """Whether float32 matrix products should run on oneDNN rather than MKL: on x86 CPUs not
     made by Intel, where MKL's dispatch takes a slower path. On an AMD EPYC (family 26), MKL's
