@@ -70,10 +70,10 @@ def mm(a: TensorBox, b: TensorBox) -> TensorBox:
 
 
 def _half_as_float(a: TensorBox, b: TensorBox) -> bool:
-    """Whether a half product runs as a float32 one, rounded to half once at the end: on a CPU
-    without native half GEMM (``native_half_gemm``), where eager's is ~75x slower. Eager's
-    accumulates in float32 and rounds once too; the float32 copies of the operands (half as
-    large again as their half values) are the price."""
+    """Whether a half product (or convolution) runs as a float32 one, rounded to half once at
+    the end: on a CPU without native half GEMM (``native_half_gemm``), where eager's is ~75x
+    slower. Eager's accumulates in float32 and rounds once too; the float32 copies of the
+    operands (twice the bytes of their half values) are the price."""
     from minductor import config
     from minductor.runtime.cache import native_half_gemm
 
@@ -182,10 +182,20 @@ def convolution(x: TensorBox, weight: TensorBox, bias: Any, stride: Any, padding
     """An allocating aten call. In CPU inference graphs the input goes channels-last first
     (oneDNN's direct NHWC convolutions: 4-12x faster than NCHW on a 3-channel input here);
     the output is then channels-last too, and the pointwise ops after it keep that layout."""
-    val = V.graph.current_node.meta["val"]
+    return _convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
+                        val=V.graph.current_node.meta["val"])
+
+
+def _convolution(x: TensorBox, weight: TensorBox, bias: Any, *args: Any, val: torch.Tensor) -> TensorBox:
+    transposed = args[3]
+    if _half_as_float(x, weight):  # (as half products: eager's half convolution took 233 ms, float32 4.1)
+        bias = to_dtype(bias, torch.float32) if isinstance(bias, IRNode) else bias
+        out = _convolution(to_dtype(x, torch.float32), to_dtype(weight, torch.float32), bias, *args,
+                           val=_as_float32(val))
+        return to_dtype(out, torch.float16)
     if _channels_last_conv(x, transposed):
         x = require_channels_last(x)
-    args = _realize_args((x, weight, bias, stride, padding, dilation, transposed, output_padding, groups))
+    args = _realize_args((x, weight, bias, *args))
     val = _replay_with_layouts(aten.convolution.default, args, {}, val)
     node = ExternKernelAlloc(name="", layout=layout_of(val), op=aten.convolution.default, args=args)
     V.graph.register_buffer(node)
@@ -197,11 +207,23 @@ def convolution_backward(grad_output: TensorBox, x: TensorBox, weight: TensorBox
     """aten's, with the output's gradient stored channels-last when the forward ran so (its
     saved input is channels-last): oneDNN would otherwise reorder it with an aten copy, where
     ours fuses into the kernel that computes it."""
+    val = V.graph.current_node.meta["val"]
+    if _half_as_float(x, weight) and grad_output.get_dtype() == torch.float16:
+        grads = fallback(aten.convolution_backward.default,
+                         (*(to_dtype(t, torch.float32) for t in (grad_output, x, weight)), *args), {}, _as_float32(val))
+        return type(grads)(to_dtype(g, torch.float16) if isinstance(g, IRNode) else g for g in grads)
     transposed = args[4]
     if _channels_last_conv(x, transposed) and stored_in(x) is not None:
         grad_output = require_channels_last(grad_output)
-    return fallback(aten.convolution_backward.default, (grad_output, x, weight, *args), {},
-                    V.graph.current_node.meta["val"])
+    return fallback(aten.convolution_backward.default, (grad_output, x, weight, *args), {}, val)
+
+
+def _as_float32(val: Any) -> Any:
+    """A graph's fake result(s) as float32, same shapes and strides."""
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        with t.fake_mode:
+            return torch.empty_strided(t.shape, t.stride(), dtype=torch.float32, device=t.device)
+    return pytree.tree_map_only(torch.Tensor, convert, val)
 
 
 def _channels_last_conv(x: TensorBox, transposed: bool) -> bool:
