@@ -210,6 +210,8 @@ def blocked_scan_rows(rows: list[list[str]], var: str, base: str, length: str) -
     post: list[str] = []
     steps: list[str] = []
     plain: list[str] = []
+    if any("[&]" in line or line.rstrip().endswith(("{", "}")) for line in rows[0]):
+        return None  # (a masked load, a lambda called only where its mask holds, must not be read ahead)
     for k, step in enumerate(rows):
         before, body, after = _conversions(step, "r0", "mi_rb", "r0 - mi_rb", str(BLOCK), ("half", "bf16"))
         if not before:
