@@ -41,9 +41,11 @@ def _sdpa_flash_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         # (as half products on such a CPU: eager's half attention at (8, 4, 128, 64) took 2.6 ms,
         # float32 1.0; eager's accumulates in float32 too)
         mask = attn_mask.float() if attn_mask is not None else None
-        out, logsumexp = _sdpa_flash_cpu(query.float(), key.float(), value.float(), dropout_p, is_causal,
-                                         attn_mask=mask, scale=scale)
-        return out.to(torch.float16), logsumexp
+        result = _sdpa_flash_cpu(query.float(), key.float(), value.float(), dropout_p, is_causal,
+                                 attn_mask=mask, scale=scale)
+        if result is NotImplemented:  # (dropout, grouped-query heads: the aten op, in half)
+            return NotImplemented
+        return result[0].to(torch.float16), result[1]
     if (dropout_p != 0.0 or query.dtype not in (torch.float32, torch.float64) or query.dim() != 4
             or key.dim() != 4 or value.dim() != 4 or key.size(1) != query.size(1) or value.size(1) != query.size(1)):
         return NotImplemented

@@ -167,6 +167,18 @@ def test_half_attention_without_native_half_gemm_runs_in_float32(case: str, nati
     assert forward_fallback == native and "aten._scaled_dot_product_flash_attention_for_cpu_backward" in metrics.fallback_ops
 
 
+def test_half_attention_the_decomposition_leaves_to_aten() -> None:
+    """Grouped-query heads in half stay the aten op (the float32 decomposition declines them,
+    and so does the half one, instead of failing), with eager's result."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 16, 8).half(), torch.randn(2, 2, 16, 8).half()
+
+    def attention(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True)
+
+    torch.testing.assert_close(torch.compile(attention, backend="minductor")(q, k), attention(q, k), atol=2e-3, rtol=2e-3)
+
+
 def test_transformer_encoder_layer_gradients() -> None:
     layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
     grads_match(layer, lambda: torch.randn(2, 16, 32), lambda y: y.square().mean())
