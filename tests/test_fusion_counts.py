@@ -79,11 +79,12 @@ def test_big_loops_under_a_full_reduction_stay_apart(n: int, kernels: int) -> No
     """A full reduction shares no outer loop: a big pointwise sibling fused into its kernel
     would be a second pass run on one thread, so it gets a kernel of its own; small ones and a
     second reduction of the same nest still fuse."""
-    x = torch.randn(n, n)
-    assert kernels_after_first_call(lambda x: (x.relu() * 2, x.sum()), x) == kernels
+    x = torch.randn(n, n, generator=torch.Generator().manual_seed(0))
+    # (a float32 sum of 65536 values in another order than eager's: ~1e-4 apart at times)
+    assert kernels_after_first_call(lambda x: (x.relu() * 2, x.sum()), x, rtol=1e-5, atol=1e-3) == kernels
     torch._dynamo.reset()
     metrics.reset()
-    assert kernels_after_first_call(lambda x: (x.sum(), x.amax()), x) == 1
+    assert kernels_after_first_call(lambda x: (x.sum(), x.amax()), x, rtol=1e-5, atol=1e-3) == 1
 
 
 @pytest.mark.parametrize("n, kernels", [(32, 1), (512, 2)])

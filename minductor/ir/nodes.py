@@ -374,9 +374,9 @@ class StorageBox(IRNode):
         recomputed there), unless it is big, or several read it and it is costly: many ops, many
         loads, or a transcendental one (GELU before a layer norm, the exp of a softmax: stored
         once and read back, usually by later loops of the same kernel, then written over). Index
-        math is not part of the cost: a bilinear upsample's four gathers, each of them two
-        sources, computed ~35 index ops per element, and realizing them stored two outputs'
-        worth of intermediates (a kernel of 10.3 ms at (8, 64, 112, 112), eager's whole call 7.7)."""
+        math is not part of the cost: a bilinear upsample's gathers count ~35 index ops each,
+        and storing the two read twice wrote two outputs' worth of intermediates (a kernel of
+        10.3 ms for an (8, 64, 112, 112) output, where eager's whole call takes 3.8)."""
         if not isinstance(self.data, Pointwise):
             return
         n_ops, n_loads, n_transcendental, all_ops = self.data.opcount()
