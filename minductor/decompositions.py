@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from minductor.runtime.cache import half_in_float32
+
 aten = torch.ops.aten
 
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {}
@@ -68,9 +70,5 @@ def _sdpa_flash_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 
 def _half_as_float(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> bool:
-    from minductor import config
-    from minductor.runtime.cache import native_half_gemm
-
-    return (query.device.type == "cpu" and config.cpu_backend == "cpp" and not native_half_gemm()
-            and all(t.dtype == torch.float16 for t in (query, key, value))
+    return (half_in_float32(query.device, (query.dtype, key.dtype, value.dtype))
             and (mask is None or mask.dtype in (torch.float16, torch.float32)))

@@ -46,6 +46,11 @@ def to_storage(dtype: torch.dtype, value: str) -> str:
     return f"static_cast<{CPP_STORAGE_TYPES[dtype]}>({value})"
 
 
+def indent_of(line: str) -> str:
+    """The leading whitespace of a line of generated code."""
+    return line[: len(line) - len(line.lstrip())]
+
+
 def cpp_index(expr: Expr) -> str:
     """Print an integer index expression as C++."""
     expr = sympy.sympify(expr)

@@ -27,7 +27,7 @@ import re
 
 import sympy
 
-from minductor.codegen.common import cpp_index
+from minductor.codegen.common import cpp_index, indent_of
 
 BLOCK = 64
 _LOAD = re.compile(r"auto (tmp\d+) = mi_(half|bf16)_to_float\((\w+)\[(.*)\]\);$")
@@ -41,10 +41,6 @@ _LANE_VAR = re.compile(r"const int64_t (\w+) = (\w+) \+ mi_lane;$")
 _SIMD_LOOP = re.compile(r"for \(int64_t (\w+) = (.+); \1 < (.+); \1\+\+\)$")
 _LITERAL = re.compile(r"\b(\d+)L\b")
 _PARALLEL_SIMD = "#pragma omp parallel for simd"
-
-
-def _pad(line: str) -> str:
-    return line[: len(line) - len(line.lstrip())]
 
 
 def _at(index: str, var: str, value: str) -> str | None:
@@ -65,11 +61,11 @@ def _at(index: str, var: str, value: str) -> str | None:
 def _flat_body(lines: list[str], start: int) -> int | None:
     """The index of the ``}`` closing the body opened at ``lines[start]`` (a ``{``), if every
     line between is a statement at the body's own level (no lambda, no nested block)."""
-    pad = _pad(lines[start])
+    pad = indent_of(lines[start])
     for j in range(start + 1, len(lines)):
         if lines[j] == pad + "}":
             return j
-        if _pad(lines[j]) != pad + "    " or lines[j].rstrip().endswith(("{", "}")) or "[&]" in lines[j]:
+        if indent_of(lines[j]) != pad + "    " or lines[j].rstrip().endswith(("{", "}")) or "[&]" in lines[j]:
             return None
     return None
 
@@ -77,7 +73,7 @@ def _flat_body(lines: list[str], start: int) -> int | None:
 def _loop_body(lines: list[str], at: int) -> tuple[list[str], int] | None:
     """The body of the loop whose pragma is ``lines[at]`` (a flat body, or one block deeper as
     pointwise kernels write it, then taken out of that block), and the index of its last line."""
-    pad = _pad(lines[at])
+    pad = indent_of(lines[at])
     if at + 3 >= len(lines) or lines[at + 2] != pad + "{":
         return None
     if lines[at + 3] != pad + "    {":
@@ -107,12 +103,12 @@ def _conversions(body: list[str], var: str, base: str, lane: str, n: str,
             array, loads = f"mi_h{loads}", loads + 1
             before += [f"alignas(64) float {array}[{n}];",
                        f"{_TO_FLOATS[load.group(2)]}<{n}>(&{load.group(3)}[{at}], {array});"]
-            rewritten[i] = f"{_pad(line)}auto {load.group(1)} = {array}[{lane}];"
+            rewritten[i] = f"{indent_of(line)}auto {load.group(1)} = {array}[{lane}];"
         elif store and store.group(3) in kinds and (at := _at(store.group(2), var, base)) is not None:
             array = f"mi_hs{len(after)}"
             before.append(f"alignas(64) float {array}[{n}];")
             after.append(f"{_FROM_FLOATS[store.group(3)]}<{n}>({array}, &{store.group(1)}[{at}]);")
-            rewritten[i] = f"{_pad(line)}{array}[{lane}] = {store.group(4)};"
+            rewritten[i] = f"{indent_of(line)}{array}[{lane}] = {store.group(4)};"
     return before, rewritten, after
 
 
@@ -152,7 +148,7 @@ def _lane_loop(lines: list[str], at: int, n: int) -> tuple[list[str], int] | Non
     before, body, after = _conversions(body, bind.group(1), bind.group(2), "mi_lane", str(n))
     if not before:
         return None
-    pad = _pad(lines[at])
+    pad = indent_of(lines[at])
     return [*(pad + b for b in before), *lines[at:at + 4], *body, lines[end], *(pad + a for a in after)], end + 1
 
 
@@ -169,7 +165,7 @@ def _blocked_loop(lines: list[str], at: int, parallel: bool) -> tuple[list[str],
     before, blocked, after = _conversions(body, var, "mi_hb", f"{var} - mi_hb", str(BLOCK))
     if not before:
         return None
-    pad, inner = _pad(lines[at]), _pad(lines[at]) + "    "
+    pad, inner = indent_of(lines[at]), indent_of(lines[at]) + "    "
     clauses = lines[at].strip()[len(_PARALLEL_SIMD):] if parallel else ""
     simd = "#pragma omp simd" + (" reduction(|:mi_bad)" if "reduction(|:mi_bad)" in clauses else "")
     simd = simd if parallel else lines[at].strip()

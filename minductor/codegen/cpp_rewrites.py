@@ -28,7 +28,7 @@ from typing import Any
 import sympy
 import torch
 
-from minductor.codegen.common import CodeBuffer, cpp_index
+from minductor.codegen.common import CodeBuffer, cpp_index, indent_of
 from minductor.codegen.cpp_ops import INLINE_MATH
 from minductor.codegen.loop_shapes import SMALL_INNER_CHUNK, line_step
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
@@ -112,7 +112,7 @@ def hoist_inner_invariants(kernel: Any, code: CodeBuffer, start: int, inner: str
         replacements[f"auto {root} = {body_defs[root]};"] = f"auto {root} = {table}[{inner}];"
     loop_pad = None  # the indent of the loop over ``inner`` the scan is in
     for i in range(start, len(code.lines)):
-        stripped, pad = code.lines[i].strip(), _pad(code.lines[i])
+        stripped, pad = code.lines[i].strip(), indent_of(code.lines[i])
         if stripped.startswith(f"for (int64_t {inner} = "):
             loop_pad = pad
         elif loop_pad is not None and len(pad) <= len(loop_pad) and stripped != "{":
@@ -258,7 +258,7 @@ def prefetch_gathered_rows(kernel: Any, code: CodeBuffer, start: int, row: sympy
     if not prefetches or i is None:
         return False
     pragma = [code.lines[i - 1].strip()] if code.lines[i - 1].strip().startswith("#pragma omp simd") else []
-    pad = _pad(code.lines[i])
+    pad = indent_of(code.lines[i])
     end = next(j for j in range(i + 2, len(code.lines)) if code.lines[j] == pad + "}")
     hi = f"mi_g + {GATHER_CHUNK}" if size % GATHER_CHUNK == 0 else f"mi_min_i64(mi_g + {GATHER_CHUNK}, {size})"
     code.lines[i - len(pragma):end + 1] = [
@@ -278,7 +278,7 @@ def _insert_in_loop(block: CodeBuffer, head: str, lines: list[str]) -> bool:
     at = _loop_at(block.lines, head)
     if not lines or at is None:
         return False
-    block.lines[at + 2:at + 2] = [_pad(block.lines[at]) + "    " + line for line in lines]
+    block.lines[at + 2:at + 2] = [indent_of(block.lines[at]) + "    " + line for line in lines]
     return True
 
 
@@ -286,10 +286,6 @@ def _loop_at(lines: list[str], head: str, start: int = 0) -> int | None:
     """The index of the one line from ``start`` on that is ``head``, opening a braced body."""
     at = [i for i in range(start, len(lines)) if lines[i].strip() == head]
     return at[0] if len(at) == 1 and at[0] + 1 < len(lines) and lines[at[0] + 1].strip() == "{" else None
-
-
-def _pad(line: str) -> str:
-    return line[: len(line) - len(line.lstrip())]
 
 
 def open_vector_loop_outside(code: CodeBuffer, var: sympy.Symbol, size: Expr, parallel: bool) -> int:

@@ -28,7 +28,7 @@ import sympy
 import torch
 
 from minductor import config
-from minductor.codegen.common import CodeBuffer, cpp_index
+from minductor.codegen.common import CodeBuffer, cpp_index, indent_of
 from minductor.codegen.cpp_calls import BATCH, emit_call_block
 from minductor.codegen.loop_shapes import LINE, line_step
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
@@ -263,7 +263,7 @@ def fence_parallel_region(lines: list[str], start: int) -> None:
     if at is None:
         lines.append("mi_stream_fence();")
         return
-    pad = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
+    pad = indent_of(lines[at])
     clauses = lines[at].strip()[len("#pragma omp parallel for"):]
     lines[at:at + 1] = [pad + "#pragma omp parallel", pad + "{", pad + "#pragma omp for" + clauses + " nowait"]
     lines.extend([pad + "mi_stream_fence();", pad + "}"])

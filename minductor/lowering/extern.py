@@ -23,6 +23,7 @@ from minductor.ir.nodes import (
 )
 from minductor.ir.views import contiguous_copy, realize_input
 from minductor.lowering.registry import aten, register_lowering, stored_in, to_dtype
+from minductor.runtime.cache import half_in_float32
 from minductor.runtime.helpers import mm_onednn
 from minductor.sizevars import to_expr
 from minductor.virtualized import V
@@ -70,15 +71,9 @@ def mm(a: TensorBox, b: TensorBox) -> TensorBox:
 
 
 def _half_as_float(a: TensorBox, b: TensorBox) -> bool:
-    """Whether a half product (or convolution) runs as a float32 one, rounded to half once at
-    the end: on a CPU without native half GEMM (``native_half_gemm``), where eager's is ~75x
-    slower. Eager's accumulates in float32 and rounds once too; the float32 copies of the
-    operands (twice the bytes of their half values) are the price."""
-    from minductor import config
-    from minductor.runtime.cache import native_half_gemm
-
-    return (a.get_device().type == "cpu" and config.cpu_backend == "cpp" and a.get_dtype() == torch.float16
-            and b.get_dtype() == torch.float16 and not native_half_gemm())
+    """Whether a half product (or convolution) runs in float32 (``cache.half_in_float32``): on a
+    CPU without native half GEMM, eager's is ~75x slower."""
+    return half_in_float32(a.get_device(), (a.get_dtype(), b.get_dtype()))
 
 
 def _contiguous(a: TensorBox) -> IRNode:

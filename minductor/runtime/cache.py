@@ -32,10 +32,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import torch
 
 from minductor import config, metrics
 
@@ -172,6 +174,15 @@ def native_half_gemm() -> bool:
     an AMD EPYC (family 26), the same product in float32 and rounded 1.9 ms."""
     flags = cpu_info().get("flags", "").split()
     return "avx512_fp16" in flags or "amx_fp16" in flags
+
+
+def half_in_float32(device: torch.device, dtypes: Iterable[torch.dtype]) -> bool:
+    """Whether a half product, convolution or attention on ``device`` (operands of ``dtypes``)
+    runs in float32 and rounds to half once: C++ kernels on a CPU without native half GEMM.
+    Eager's half ones accumulate in float32 and round once too; the float32 copies of the
+    operands (twice their bytes) are the price."""
+    return (device.type == "cpu" and config.cpu_backend == "cpp" and all(d == torch.float16 for d in dtypes)
+            and not native_half_gemm())
 
 
 @functools.cache
