@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from minductor import config
 from minductor.codegen import cpp_tiles
+from minductor.runtime import cache
 
 
 def compiled_code(fn, *args, tmp_path) -> str:
@@ -64,12 +65,24 @@ def test_transposed_operands_are_staged(tmp_path, monkeypatch, gathers: bool) ->
 def test_staged_tile_shape() -> None:
     """STAGED_ROWS x STAGED_COLS on large inputs; smaller when the stages would exceed
     STAGE_BYTES or there would be fewer than four tiles per thread; always multiples of 16."""
-    assert cpp_tiles.staged_tile_shape(4096, 4096, 4, 1, 2) == (cpp_tiles.STAGED_ROWS, cpp_tiles.STAGED_COLS) == (512, 128)
-    assert cpp_tiles.staged_tile_shape(4096, 4096, 16, 1, 2) == (128, 128)  # four float stages
+    big = 512 * 1024
+    assert cpp_tiles.staged_tile_shape(4096, 4096, 4, 1, 2, big) == (cpp_tiles.STAGED_ROWS, cpp_tiles.STAGED_COLS) == (1024, 128)
+    assert cpp_tiles.staged_tile_shape(4096, 4096, 4, 1, 2, big // 2) == (512, 128)  # a 512 KB L2
+    assert cpp_tiles.staged_tile_shape(4096, 4096, 16, 1, 2, big) == (256, 128)  # four float stages
     for rows, cols, lead, threads in [(131, 200, 1, 2), (150, 133, 3, 2), (128, 128, 1, 8), (5000, 130, 1, 2)]:
         r, c = cpp_tiles.staged_tile_shape(rows, cols, 4, lead, threads)
-        assert r % 16 == 0 and c % 16 == 0 and r * c * 4 <= 256 * 1024
+        assert r % 16 == 0 and c % 16 == 0 and r * c * 4 <= cpp_tiles.stage_budget()
         assert lead * -(-rows // r) * -(-cols // c) >= 4 * threads or (r, c) == (16, 16)
+
+
+def test_stage_budget_is_half_the_l2(monkeypatch) -> None:
+    """The stage stays in L2 beside the streamed operands: half the L2, at most STAGE_BYTES,
+    and the 512-row tiles' 256 KB where the L2's size is unknown."""
+    for l2, budget in [(2 << 20, cpp_tiles.STAGE_BYTES), (1 << 20, 512 * 1024), (512 * 1024, 256 * 1024), (None, 256 * 1024)]:
+        monkeypatch.setattr(cpp_tiles, "l2_cache_bytes", lambda: l2)
+        assert cpp_tiles.stage_budget() == budget
+    size = cache.l2_cache_bytes()
+    assert size is None or size >= 64 * 1024
 
 
 @pytest.mark.parametrize("shape", [(129, 131), (300, 257), (1000, 140), (140, 1000), (4, 150, 170)])

@@ -19,7 +19,7 @@ from minductor.codegen.loop_shapes import (
     STAGE_BYTES, STAGED_COLS, STAGED_ROWS, TILE, Loop, MergedDims, planning_size, tile_sizes,
 )
 from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
-from minductor.runtime.cache import gathers_enabled
+from minductor.runtime.cache import gathers_enabled, l2_cache_bytes
 from minductor.scheduler.deps import MemoryDep
 from minductor.scheduler.nodes import FusedGroup
 from minductor.virtualized import V
@@ -111,15 +111,25 @@ def emit_tiled_2d(kernel: CppKernel, code: CodeBuffer, outer: MergedDims, loop: 
     code.writeline("}")
 
 
-def staged_tile_shape(rows: int, cols: int, stage_bytes: int, lead_count: int, threads: int) -> tuple[int, int]:
+def stage_budget() -> int:
+    """Bytes the stages of one tile may take: STAGE_BYTES, or half the L2 where that is less
+    (the stage stays in L2 while the tile's other operands stream past it)."""
+    l2 = l2_cache_bytes()
+    return min(STAGE_BYTES, l2 // 2) if l2 else STAGE_BYTES // 2
+
+
+def staged_tile_shape(rows: int, cols: int, stage_bytes: int, lead_count: int, threads: int,
+                      budget: int | None = None) -> tuple[int, int]:
     """The tile of a ``rows x cols`` iteration space (times ``lead_count``) whose transposed
     operands take ``stage_bytes`` per element: STAGED_ROWS x STAGED_COLS, halved while the
-    stages exceed STAGE_BYTES or there are fewer than four tiles per thread; multiples of 16."""
+    stages exceed ``budget`` (``stage_budget()``) or there are fewer than four tiles per
+    thread; multiples of 16."""
     def up16(n: int) -> int:
         return -(-n // 16) * 16
 
+    budget = stage_budget() if budget is None else budget
     r, c = min(STAGED_ROWS, up16(rows)), min(STAGED_COLS, up16(cols))
-    while r > 16 and r * c * stage_bytes > STAGE_BYTES:
+    while r > 16 and r * c * stage_bytes > budget:
         r = up16(r // 2)
     while lead_count * -(-rows // r) * -(-cols // c) < 4 * threads and max(r, c) > 16:
         r, c = (up16(r // 2), c) if r >= c else (r, up16(c // 2))

@@ -57,11 +57,17 @@ TILE = 64
 # 5.8-6.9, 1024x64 7.1-7.4; 256x128 with ordinary stores 12.8-13.3; torch.add(out=) 6.5-8.2).
 # On an AMD EPYC (Zen 5), kernels alone in alternation, staging with prefetches two lines
 # ahead (StagedTile.PREFETCH_AHEAD): 512x128 3.28-3.29 ms, 256x256 4.46-4.55, 512x64 3.74-3.80,
-# 1024x64 3.77-3.79 (256x128 without the prefetches: 3.53-3.57; a STREAM add: 1.8 ms)
-STAGED_ROWS = 512
+# 1024x64 3.77-3.79 (256x128 without the prefetches: 3.53-3.57; a STREAM add: 1.8 ms). The
+# staging's cost is its reads of short runs: a tile's operand rows alone (no stores) read at
+# 1.30 ms in 1024-value runs, 1.37 in 512-value runs, against 1.17 ms for one sequential pass.
+# So 1024 rows when the L2 holds the stage twice over (Zen 5, 1 MB L2, whole calls, alternating
+# processes, three rounds: 512x128 5.03-5.15 ms, 1024x128 4.89-4.92; a C++ harness, kernels
+# alone in alternation: 4.83-4.87 and 4.67-4.72, STREAM add 3.39). A stage that fills the L2
+# or spills to L3 is slower (1024x256 at 1 MB: 4.82; 1024x1024: 7.2 ms).
+STAGED_ROWS = 1024
 STAGED_COLS = 128
-# the stages of one tile together, on the thread's stack
-STAGE_BYTES = 256 * 1024
+# the stages of one tile together, on the thread's stack; at most half the L2 (stage_budget)
+STAGE_BYTES = 512 * 1024
 # a pure pointwise nest whose innermost loop runs at most SMALL_INNER iterations (RGB channels
 # last) vectorizes its second-innermost loop instead, the innermost one unrolled, in parallel
 # chunks of SMALL_INNER_CHUNK: NCHW -> NHWC of a (2, 3, 256, 256) input ran 135-169 us with the

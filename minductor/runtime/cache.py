@@ -93,6 +93,22 @@ def cpu_info() -> dict[str, str]:
 
 
 @functools.cache
+def l2_cache_bytes() -> int | None:
+    """The first processor's level-2 data cache, in bytes (None where sysfs does not say)."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for index in sorted(base.glob("index*")) if base.is_dir() else []:
+        try:
+            level, kind = (index / "level").read_text().strip(), (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        match = re.fullmatch(r"(\d+)([KMG]?)", size)
+        if level == "2" and kind in ("Unified", "Data") and match:
+            return int(match[1]) << {"": 0, "K": 10, "M": 20, "G": 30}[match[2]]
+    return None
+
+
+@functools.cache
 def _probe(cxx: str, *args: str) -> str:
     """``cxx args``'s stdout ("" if it cannot run), kept on disk per compiler binary and CPU:
     the three probes cost 40-65 ms of subprocesses, which every warm process paid."""
