@@ -38,8 +38,8 @@ def test_transposed_operands_are_staged(tmp_path, monkeypatch, gathers: bool) ->
     ahead = 131 * cpp_tiles.PREFETCH_ROWS
     prefetches = [line.strip() for line in code.splitlines() if "__builtin_prefetch" in line]
     staging = "for (int mi_p = 0; mi_p < 16; mi_p++) __builtin_prefetch(&in_ptr1[200L*mi_a + mi_b + mi_t0 + 200L*mi_t1]"
-    assert prefetches[0] == f"{staging} + mi_p * 200 + {cpp_tiles.StagedTile.PREFETCH_AHEAD}, 0, 3);", prefetches
-    assert prefetches[1:] == [f"__builtin_prefetch(&in_ptr0[{ahead + k} + mi_t1 + 131L*xo1], 0, 3);"
+    assert prefetches[0] == f"{staging} + mi_p * 200 + {cpp_tiles.StagedTile.PREFETCH_AHEAD}, 0, 0);", prefetches
+    assert prefetches[1:] == [f"__builtin_prefetch(&in_ptr0[{ahead + k} + mi_t1 + 131L*xo1], 0, 0);"
                               for k in range(0, cols, 16)], prefetches
     code = compiled_code(lambda x, y: x.transpose(1, 2) * y + x.transpose(1, 2).exp(),
                          torch.randn(3, 150, 133), torch.randn(3, 133, 150), tmp_path=tmp_path / "b")
