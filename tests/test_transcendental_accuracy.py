@@ -24,6 +24,7 @@ FNS = {
     "sin": (torch.sin, lambda x: x.clamp(-1e6, 1e6)),  # huge arguments: see the xfail below
     "cos": (torch.cos, lambda x: x.clamp(-1e6, 1e6)),
     "gelu": (torch.nn.functional.gelu, lambda x: x),
+    "gelu_tanh": (lambda x: torch.nn.functional.gelu(x, approximate="tanh"), lambda x: x),
 }
 
 
@@ -61,6 +62,18 @@ def test_exp_and_erf_near_their_limits() -> None:
     torch.testing.assert_close(got_exp, ref.float(), rtol=1e-6, atol=2.4e-38)  # below 2^-125 may flush to 0
     assert torch.isinf(got_exp[x > 88.7229]).all() and torch.isfinite(got_exp[x <= 88.7228]).all()
     torch.testing.assert_close(got_erf, x.double().erf().float(), rtol=1e-6, atol=0)
+
+
+def test_tanh_near_saturation() -> None:
+    """Every float32 in [6, 8]: tanh's quotient stays within [-1, 1] where the rational
+    approximation meets the saturation at 7.9, is +-1 from there on, within 4e-7 of float64."""
+    lo, hi = torch.tensor([6.0, 8.0]).view(torch.int32).tolist()
+    x = torch.arange(lo, hi + 1, dtype=torch.int32).view(torch.float32)
+    x = torch.cat([x, -x])
+    got = torch.compile(torch.tanh, backend="minductor")(x)
+    assert got.abs().max().item() <= 1.0
+    assert (got[x.abs() >= 7.9] == x[x.abs() >= 7.9].sign()).all()
+    torch.testing.assert_close(got, x.double().tanh().float(), rtol=4e-7, atol=0)
 
 
 def _huge_arguments() -> None:

@@ -414,18 +414,28 @@ MI_MATH float mi_log(float x) {
 static inline double mi_log(double x) { return __builtin_log(x); }
 
 MI_MATH float mi_tanh(float x) {
-    float ax = __builtin_fabsf(x);
+    // relative error < 3.1e-7 (5 ulp near +-1): x P(x^2) / Q(x^2) on (-7.9, 7.9) (odd numerator
+    // of degree 13, even denominator of degree 6: a minimax fit of the relative error, by
+    // Lawson-weighted least squares in float64), and +-1 from 7.9 on (tanh(7.9) is 1 - 2.7e-7).
+    // Every float in [2, 7.9] checked: the quotient never exceeds 1, with or without FMA. One
+    // division and no exp, against 1 - 2 / (e^2x + 1) with a polynomial near 0: whole calls at
+    // 2048x4096, 2 threads, tanh 1.51 -> 1.05 ms (erf's time: memory-bound), GELU-tanh 2.15 ->
+    // 1.08. (A clamp of the quotient to [-1, 1] cost as much as the rest of the function.)
+    // Inf saturates; NaN fails the test and propagates through the quotient
     float z = x * x;
-    float p = -5.70498872745E-3f;
-    p = MI_MAD(p, z, 2.06390887954E-2f);
-    p = MI_MAD(p, z, -5.37397155531E-2f);
-    p = MI_MAD(p, z, 1.33314422036E-1f);
-    p = MI_MAD(p, z, -3.33332819422E-1f);
-    float small = MI_MAD(x * z, p, x);
-    float e = mi_exp(2.0f * (ax < 44.0f ? ax : 44.0f));
-    float big = __builtin_copysignf(1.0f - 2.0f / (e + 1.0f), x);
-    float out = ax < 0.625f ? small : big;
-    return x != x ? x : out;
+    float p = -1.192433603e-13f;
+    p = MI_MAD(p, z, 6.482787918e-11f);
+    p = MI_MAD(p, z, -2.252539133e-08f);
+    p = MI_MAD(p, z, 1.168949984e-05f);
+    p = MI_MAD(p, z, 3.153645433e-03f);
+    p = MI_MAD(p, z, 1.312813014e-01f);
+    p = MI_MAD(p, z, 1.0f);
+    float q = 2.619328443e-04f;
+    q = MI_MAD(q, z, 2.469187789e-02f);
+    q = MI_MAD(q, z, 4.646145999e-01f);
+    q = MI_MAD(q, z, 1.0f);
+    float r = x * (p / q);  // p / q first: x p would go subnormal for tiny x
+    return 7.9f <= __builtin_fabsf(x) ? __builtin_copysignf(1.0f, x) : r;
 }
 static inline double mi_tanh(double x) { return __builtin_tanh(x); }
 
