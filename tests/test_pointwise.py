@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from conftest import LAYOUT_NAMES, check, check_named, make
 
+from minductor import config
+
 F32, F64, I32, I64, BOOL = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
 NAN, INF = float("nan"), float("inf")
 
@@ -288,6 +290,33 @@ def test_pow_variants() -> None:
     i = torch.tensor([-3, -1, 0, 1, 2, 5, 2, 3, 3])
     check(lambda x, i: (x ** 2, x ** 3, x ** 0.5, x ** -1, x ** -2, 2 ** x, 0.5 ** x, x ** i, x ** 1.5,
                         x ** 0, i ** 2, 2 ** i.abs(), x.pow(i.float())), x, i)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_pow_by_constants_multiplies_out(dtype, tmp_path) -> None:
+    """Constant exponents multiply out (no libm call, which keeps the whole loop scalar), with
+    eager's values and dtypes at signed zeros, infinities and NaN: half's +-0.5 as eager's
+    pow, the other dtypes' as its sqrt/rsqrt; an integer tensor to a float power is float."""
+    x = torch.cat([torch.tensor([0.0, -0.0, INF, NAN, -INF, 1e-20, -3e4]), torch.randn(200) * 3]).to(dtype)
+    exponents = [3, 3.0, -1, -2, -3, 4, 5, 7, 16, -16, -0.5, 0.5, 2, 1, 0, 1.5, 17]
+    for b in exponents:
+        torch._dynamo.reset()
+        got, ref = torch.compile(lambda x, b=b: x ** b, backend="minductor")(x), x ** b
+        assert got.dtype == ref.dtype
+        torch.testing.assert_close(got, ref, equal_nan=True, msg=lambda m, b=b: f"x ** {b}: {m}")
+        zero = ref == 0
+        assert torch.equal(got[zero].signbit(), ref[zero].signbit()), b
+    i = torch.randint(-5, 5, (100,))
+    for b in (3, 2.0, 3.0, -1.0, 0.5):
+        torch._dynamo.reset()
+        got, ref = torch.compile(lambda i, b=b: i ** b, backend="minductor")(i), i ** b
+        assert got.dtype == ref.dtype
+        torch.testing.assert_close(got, ref, equal_nan=True)
+    if dtype == torch.float32:
+        with config.patch(debug=True, debug_dir=str(tmp_path)):
+            torch.compile(lambda x: x ** 3 + x ** -2 + x ** -0.5, backend="minductor")(x)
+        (source,) = tmp_path.glob("graph_*/cpp_fused_*.cpp")
+        assert "mi_pow" not in source.read_text()
 
 
 def test_pow_int_tensor_int_tensor() -> None:

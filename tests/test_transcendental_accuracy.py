@@ -25,6 +25,16 @@ FNS = {
     "cos": (torch.cos, lambda x: x.clamp(-1e6, 1e6)),
     "gelu": (torch.nn.functional.gelu, lambda x: x),
     "gelu_tanh": (lambda x: torch.nn.functional.gelu(x, approximate="tanh"), lambda x: x),
+    "expm1": (torch.expm1, lambda x: x),
+    "log1p": (torch.log1p, lambda x: x.clamp(min=-1)),
+    "exp2": (torch.exp2, lambda x: x),
+    "log2": (torch.log2, lambda x: x.abs()),
+    "log10": (torch.log10, lambda x: x.abs()),
+    "atan": (torch.atan, lambda x: x),
+    "softplus": (torch.nn.functional.softplus, lambda x: x),
+    "mish": (torch.nn.functional.mish, lambda x: x),
+    "elu": (torch.nn.functional.elu, lambda x: x),
+    "logsigmoid": (torch.nn.functional.logsigmoid, lambda x: x),
 }
 
 
@@ -74,6 +84,32 @@ def test_tanh_near_saturation() -> None:
     assert got.abs().max().item() <= 1.0
     assert (got[x.abs() >= 7.9] == x[x.abs() >= 7.9].sign()).all()
     torch.testing.assert_close(got, x.double().tanh().float(), rtol=4e-7, atol=0)
+
+
+def test_atan2_quadrants_and_special_values() -> None:
+    """atan2 over every pair of signed zeros, infinities, NaN and ordinary values, and a dense
+    random cloud: float64's value rounded, the sign of a zero result included."""
+    special = torch.tensor([0.0, -0.0, 1.0, -1.0, 1e-30, -3e-39, 2.5, -1e30, float("inf"), -float("inf"), float("nan")])
+    y, x = torch.cartesian_prod(special, special).unbind(1)
+    g = torch.Generator().manual_seed(0)
+    cloud = torch.randn(2, 200_000, generator=g) * torch.logspace(-3, 3, 200_000)
+    y, x = torch.cat([y, cloud[0], torch.linspace(-5, 5, 1001)]), torch.cat([x, cloud[1], torch.full((1001,), -1e-3)])
+    got = torch.compile(torch.atan2, backend="minductor")(y, x)
+    ref = torch.atan2(y.double(), x.double()).float()
+    torch.testing.assert_close(got, ref, equal_nan=True)
+    zero = ref == 0
+    assert torch.equal(got[zero].signbit(), ref[zero].signbit())
+
+
+def test_log2_of_powers_of_two_and_exp2_of_integers_are_exact() -> None:
+    k = torch.arange(-149, 128, dtype=torch.float32)
+    got_log2, got_exp2 = torch.compile(lambda p, k: (p.log2(), k.exp2()), backend="minductor")(torch.exp2(k), k)
+    assert torch.equal(got_log2, k)
+    assert torch.equal(got_exp2, torch.exp2(k.double()).float())
+    x = torch.tensor([-1.0, -2.0, -1e-30, -float("inf")])
+    got = torch.compile(lambda x: (x.log2(), x.log10(), x.log1p()), backend="minductor")(x)
+    for value, ref in zip(got, (x.log2(), x.log10(), x.log1p())):  # NaN below the domain, -inf at its edge
+        torch.testing.assert_close(value, ref, equal_nan=True)
 
 
 def _huge_arguments() -> None:

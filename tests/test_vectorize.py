@@ -17,8 +17,8 @@ from minductor import config
 MATH = math_paths()
 
 UNARY = ["mi_exp", "mi_log", "mi_tanh", "mi_erf", "mi_sin", "mi_cos", "mi_sigmoid", "mi_relu", "mi_abs",
-         "mi_rsqrt", "mi_sign", "mi_reciprocal"]
-BINARY = ["mi_maximum", "mi_minimum"]
+         "mi_rsqrt", "mi_sign", "mi_reciprocal", "mi_expm1", "mi_log1p", "mi_exp2", "mi_log2", "mi_log10", "mi_atan"]
+BINARY = ["mi_maximum", "mi_minimum", "mi_atan2"]
 
 
 def _compile_report(source: str, tmp_path: Path) -> str:

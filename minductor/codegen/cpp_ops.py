@@ -72,22 +72,22 @@ class CppOps:
         return self._cse(f"mi_exp({x})")
 
     def exp2(self, x: str) -> str:
-        return self._cse(f"mi_c_exp2({x})")
+        return self._cse(f"mi_exp2({x})")
 
     def expm1(self, x: str) -> str:
-        return self._cse(f"mi_c_expm1({x})")
+        return self._cse(f"mi_expm1({x})")
 
     def log(self, x: str) -> str:
         return self._cse(f"mi_log({x})")
 
     def log2(self, x: str) -> str:
-        return self._cse(f"mi_c_log2({x})")
+        return self._cse(f"mi_log2({x})")
 
     def log10(self, x: str) -> str:
-        return self._cse(f"mi_c_log10({x})")
+        return self._cse(f"mi_log10({x})")
 
     def log1p(self, x: str) -> str:
-        return self._cse(f"mi_c_log1p({x})")
+        return self._cse(f"mi_log1p({x})")
 
     def sqrt(self, x: str) -> str:
         return self._cse(f"mi_c_sqrt({x})")
@@ -111,7 +111,7 @@ class CppOps:
         return self._cse(f"mi_c_acos({x})")
 
     def atan(self, x: str) -> str:
-        return self._cse(f"mi_c_atan({x})")
+        return self._cse(f"mi_atan({x})")
 
     def sinh(self, x: str) -> str:
         return self._cse(f"mi_c_sinh({x})")
@@ -241,7 +241,7 @@ class CppOps:
         return self._cse(f"mi_minimum<{_t(a)}>({a}, {b})")
 
     def atan2(self, a: str, b: str) -> str:
-        return self._cse(f"mi_c_atan2({a}, {b})")
+        return self._cse(f"mi_atan2({a}, {b})")
 
     def hypot(self, a: str, b: str) -> str:
         return self._cse(f"mi_c_hypot({a}, {b})")

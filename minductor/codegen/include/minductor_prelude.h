@@ -112,11 +112,11 @@ static inline void mi_stream_fence() {
 #define MI_BINARY(name) \
     static inline float mi_c_##name(float x, float y) { return __builtin_##name##f(x, y); } \
     static inline double mi_c_##name(double x, double y) { return __builtin_##name(x, y); }
-MI_UNARY(exp2) MI_UNARY(expm1) MI_UNARY(log2) MI_UNARY(log10) MI_UNARY(log1p) MI_UNARY(sqrt)
-MI_UNARY(tan) MI_UNARY(asin) MI_UNARY(acos) MI_UNARY(atan) MI_UNARY(sinh) MI_UNARY(cosh)
+MI_UNARY(sqrt)
+MI_UNARY(tan) MI_UNARY(asin) MI_UNARY(acos) MI_UNARY(sinh) MI_UNARY(cosh)
 MI_UNARY(asinh) MI_UNARY(acosh) MI_UNARY(atanh) MI_UNARY(erfc) MI_UNARY(floor) MI_UNARY(ceil)
 MI_UNARY(trunc) MI_UNARY(nearbyint) MI_UNARY(lgamma) MI_UNARY(fabs)
-MI_BINARY(atan2) MI_BINARY(hypot) MI_BINARY(copysign) MI_BINARY(nextafter) MI_BINARY(fmod) MI_BINARY(pow)
+MI_BINARY(hypot) MI_BINARY(copysign) MI_BINARY(nextafter) MI_BINARY(fmod) MI_BINARY(pow)
 
 #define MI_MAX_THREADS 256
 
@@ -356,6 +356,18 @@ template <typename T> MI_MATH T mi_sign(T a) {
 }
 // Branch-free float32 math so loops under `omp simd` vectorize (libm calls do not).
 // Accurate to a few ulp; NaN/inf behave as in libm. double uses libm.
+// 2 e^r for |r| <= ln2 / 2 (the factor 2 makes mi_exp's scale 2^(n-1), so e^x just below
+// FLT_MAX stays finite)
+MI_MATH float mi_exp_poly(float r) {
+    float p = 3.9751383000E-4f;
+    p = MI_MAD(p, r, 2.7963999014E-3f);
+    p = MI_MAD(p, r, 1.6666903815E-2f);
+    p = MI_MAD(p, r, 8.3331591788E-2f);
+    p = MI_MAD(p, r, 3.3333330918E-1f);
+    p = MI_MAD(p, r, 1.0000000240f);
+    p = MI_MAD(p, r, 2.0f);
+    return MI_MAD(p, r, 2.0f);
+}
 MI_MATH float mi_exp(float x) {
     // relative error < 1e-7 where e^x is a normal float; results below 2^-125 flush to 0.
     // Clamped (NaN passes: written as min/max that return their second operand) to where the
@@ -367,33 +379,28 @@ MI_MATH float mi_exp(float x) {
     float n = t - 12582912.0f;
     float r = MI_MAD(n, -0.693359375f, xc);  // x - n ln2, ln2 in two parts
     r = MI_MAD(n, 2.12194440e-4f, r);
-    // 2 e^r: the factor 2 makes the scale 2^(n-1), so e^x just below FLT_MAX stays finite
-    float p = 3.9751383000E-4f;
-    p = MI_MAD(p, r, 2.7963999014E-3f);
-    p = MI_MAD(p, r, 1.6666903815E-2f);
-    p = MI_MAD(p, r, 8.3331591788E-2f);
-    p = MI_MAD(p, r, 3.3333330918E-1f);
-    p = MI_MAD(p, r, 1.0000000240f);
-    p = MI_MAD(p, r, 2.0f);
-    p = MI_MAD(p, r, 2.0f);
     int32_t scale = (__builtin_bit_cast(int32_t, t) + 126) << 23;  // 2^(n-1); 0 for n = -126
-    return p * __builtin_bit_cast(float, scale);
+    return mi_exp_poly(r) * __builtin_bit_cast(float, scale);
 }
 static inline double mi_exp(double x) { return __builtin_exp(x); }
 
-MI_MATH float mi_log(float x) {
-    // every select is on floats, and NaN/negative is one compare: mixing int selects and an ||
-    // of compares made GCC 12 give up vectorizing loops where log follows another function
+// log's reduction: x = 2^fe (1 + m), m in [sqrt(1/2) - 1, sqrt(2) - 1] (subnormals scaled first).
+// Every select is on floats, and NaN/negative is one compare (mi_log_specials): mixing int
+// selects and an || of compares made GCC 12 give up vectorizing loops where log follows
+// another function
+MI_MATH float mi_log_reduce(float x, float& fe) {
     bool den = x < 1.17549435e-38f;
     float xs = den ? x * 8388608.0f : x;
     int32_t bits = __builtin_bit_cast(int32_t, xs);
-    float fe = static_cast<float>(((bits >> 23) & 0xff) - 126);
+    fe = static_cast<float>(((bits >> 23) & 0xff) - 126);
     fe = den ? fe - 23.0f : fe;
     float m = __builtin_bit_cast(float, (bits & 0x007fffff) | 0x3f000000);
     bool small = m < 0.707106781186547524f;
     fe = small ? fe - 1.0f : fe;
-    m = small ? m + m - 1.0f : m - 1.0f;
-    float z = m * m;
+    return small ? m + m - 1.0f : m - 1.0f;
+}
+// log(1 + m) - m + m^2 / 2, for z = m^2
+MI_MATH float mi_log_tail(float m, float z) {
     float y = 7.0376836292E-2f;
     y = MI_MAD(y, m, -1.1514610310E-1f);
     y = MI_MAD(y, m, 1.1676998740E-1f);
@@ -403,13 +410,21 @@ MI_MATH float mi_log(float x) {
     y = MI_MAD(y, m, 2.0000714765E-1f);
     y = MI_MAD(y, m, -2.4999993993E-1f);
     y = MI_MAD(y, m, 3.3333331174E-1f);
-    y = y * m * z;
-    y = MI_MAD(-2.12194440e-4f, fe, y);
-    y = MI_MAD(-0.5f, z, y);
-    float out = MI_MAD(0.693359375f, fe, m + y);
+    return y * m * z;
+}
+// -inf at 0, inf at inf, NaN for NaN and negatives
+MI_MATH float mi_log_specials(float x, float out) {
     out = x == 0.0f ? -__builtin_inff() : out;
     out = x == __builtin_inff() ? x : out;
-    return x >= 0.0f ? out : __builtin_nanf("");  // NaN and negatives
+    return x >= 0.0f ? out : __builtin_nanf("");
+}
+MI_MATH float mi_log(float x) {
+    float fe, m = mi_log_reduce(x, fe);
+    float z = m * m;
+    float y = mi_log_tail(m, z);
+    y = MI_MAD(-2.12194440e-4f, fe, y);
+    y = MI_MAD(-0.5f, z, y);
+    return mi_log_specials(x, MI_MAD(0.693359375f, fe, m + y));
 }
 static inline double mi_log(double x) { return __builtin_log(x); }
 
@@ -438,6 +453,7 @@ MI_MATH float mi_tanh(float x) {
     return 7.9f <= __builtin_fabsf(x) ? __builtin_copysignf(1.0f, x) : r;
 }
 static inline double mi_tanh(double x) { return __builtin_tanh(x); }
+#include "minductor_libm.h"
 
 MI_MATH float mi_erf(float x) {
     // relative error < 4e-7: x P(x^2) / Q(x^2) on [-4, 4] (odd numerator of degree 13, even

@@ -1,0 +1,107 @@
+// Branch-free float32 versions of libm functions the kernels call, included by
+// minductor_prelude.h after mi_exp and mi_log. A call to libm's scalar function keeps a whole
+// loop scalar (GCC vectorizes no loop with an unknown call in it), so a fused kernel with one
+// log1p or atan2 ran every other op one element at a time: 11 outputs of a (64, 100) input,
+// softplus, mish, elu, atan2 among them, took 413 us against eager's 166 for the whole call.
+// Each is within float32 assert_close tolerances of float64 over its whole range (the
+// accuracy tests sweep them), keeps NaN and infinities as libm does, and is the same code in
+// a loop's vector body and its scalar tail. float64 keeps libm.
+#pragma once
+
+// log(1 + x): log(u) * x / (u - 1) for u = 1 + x rounded (the division cancels u's rounding
+// error), x itself where u rounds to 1
+MI_MATH float mi_log1p(float x) {
+    float u = 1.0f + x;
+    float d = u - 1.0f;
+    float r = mi_log(u) * (x / (d == 0.0f ? 1.0f : d));
+    r = d == 0.0f ? x : r;
+    return x == __builtin_inff() ? x : r;
+}
+static inline double mi_log1p(double x) { return __builtin_log1p(x); }
+
+// e^x - 1: its Taylor series to x^9 for |x| < 0.5 (truncation < 6e-10 relative), e^x - 1 beyond
+MI_MATH float mi_expm1(float x) {
+    float p = 2.7557319224e-6f;
+    p = MI_MAD(p, x, 2.4801587302e-5f);
+    p = MI_MAD(p, x, 1.9841269841e-4f);
+    p = MI_MAD(p, x, 1.3888888889e-3f);
+    p = MI_MAD(p, x, 8.3333333333e-3f);
+    p = MI_MAD(p, x, 4.1666666667e-2f);
+    p = MI_MAD(p, x, 1.6666666667e-1f);
+    p = MI_MAD(p, x, 0.5f);
+    float small = MI_MAD(p * x, x, x);
+    float big = mi_exp(x) - 1.0f;
+    return __builtin_fabsf(x) < 0.5f ? small : big;
+}
+static inline double mi_expm1(double x) { return __builtin_expm1(x); }
+
+// 2^x = 2^(n-1) 2 e^(r ln2) for n = rint(x), r = x - n exact; the scale applied as two powers
+// of two so that results down to the subnormals and up to overflow are right
+MI_MATH float mi_exp2(float x) {
+    float xc = 129.0f < x ? 129.0f : x;
+    xc = -151.0f > xc ? -151.0f : xc;
+    float t = xc + 12582912.0f;  // 1.5 * 2^23: its low mantissa bits hold rint(xc)
+    float n = t - 12582912.0f;
+    float p = mi_exp_poly((xc - n) * 0.693147180559945f);
+    int32_t k = __builtin_bit_cast(int32_t, t) - 0x4B400001;  // n - 1
+    int32_t k1 = k >> 1;
+    float s1 = __builtin_bit_cast(float, (k1 + 127) << 23);
+    float s2 = __builtin_bit_cast(float, (k - k1 + 127) << 23);
+    return p * s1 * s2;
+}
+static inline double mi_exp2(double x) { return __builtin_exp2(x); }
+
+// log2 and log10 from mi_log's reduction x = 2^e (1 + m): e exact, so powers of two and of ten
+// come out as their exponents (log2(8) = 3)
+MI_MATH float mi_log_base(float x, float per_e, float per_ln) {
+    float fe, m = mi_log_reduce(x, fe);
+    float z = m * m;
+    float y = MI_MAD(-0.5f, z, mi_log_tail(m, z));
+    float out = MI_MAD(m + y, per_ln, fe * per_e);
+    return mi_log_specials(x, out);
+}
+MI_MATH float mi_log2(float x) { return mi_log_base(x, 1.0f, 1.44269504088896341f); }
+static inline double mi_log2(double x) { return __builtin_log2(x); }
+MI_MATH float mi_log10(float x) { return mi_log_base(x, 0.301029995663981195f, 0.434294481903251828f); }
+static inline double mi_log10(double x) { return __builtin_log10(x); }
+
+// atan of t in [0, 1]: t > tan(pi/8) reduced by atan(t) = pi/4 + atan((t - 1) / (t + 1)),
+// then a degree-9 odd polynomial (error < 1e-7 on [-tan(pi/8), tan(pi/8)])
+MI_MATH float mi_atan_unit(float t) {
+    bool far = t > 0.414213562373095f;
+    float u = far ? (t - 1.0f) / (t + 1.0f) : t;
+    float z = u * u;
+    float p = 8.05374449538e-2f;
+    p = MI_MAD(p, z, -1.38776856032e-1f);
+    p = MI_MAD(p, z, 1.99777106478e-1f);
+    p = MI_MAD(p, z, -3.33329491539e-1f);
+    float r = MI_MAD(p * z, u, u);
+    return far ? r + 0.785398163397448f : r;
+}
+
+// atan2(y, x): the angle of |y| / |x| or its complement from the smaller over the larger
+// magnitude, then the quadrant from the signs (-0 included, as libm: atan2(0, -0) = pi); both
+// zero or both infinite give the ratio 0 or 1
+MI_MATH float mi_atan2(float y, float x) {
+    float ax = __builtin_fabsf(x), ay = __builtin_fabsf(y);
+    bool steep = ay > ax;
+    float num = steep ? ax : ay, den = steep ? ay : ax;
+    float t = num / (den == 0.0f ? 1.0f : den);
+    t = num == __builtin_inff() ? 1.0f : t;
+    float a = mi_atan_unit(t);
+    a = steep ? 1.57079632679490f - a : a;
+    a = __builtin_signbit(x) ? 3.14159265358979f - a : a;
+    a = __builtin_copysignf(a, y);
+    return x != x ? x : (y != y ? y : a);
+}
+static inline double mi_atan2(double y, double x) { return __builtin_atan2(y, x); }
+
+// atan(x) = atan2(x, 1)'s first octant or its complement: +-pi/2 at +-inf, NaN kept
+MI_MATH float mi_atan(float x) {
+    float ax = __builtin_fabsf(x);
+    bool steep = ax > 1.0f;
+    float a = mi_atan_unit(steep ? 1.0f / ax : ax);
+    a = steep ? 1.57079632679490f - a : a;
+    return x != x ? x : __builtin_copysignf(a, x);
+}
+static inline double mi_atan(double x) { return __builtin_atan(x); }
