@@ -31,6 +31,13 @@ FNS = {
     "log2": (torch.log2, lambda x: x.abs()),
     "log10": (torch.log10, lambda x: x.abs()),
     "atan": (torch.atan, lambda x: x),
+    "asin": (torch.asin, lambda x: (x / 11).clamp(-1, 1)),
+    "acos": (torch.acos, lambda x: (x / 11).clamp(-1, 1)),
+    "sinh": (torch.sinh, lambda x: x * 8),
+    "cosh": (torch.cosh, lambda x: x * 8),
+    "asinh": (torch.asinh, lambda x: x * x * x),
+    "acosh": (torch.acosh, lambda x: x.abs() * x.abs() + 1),
+    "atanh": (torch.atanh, lambda x: (x / 11).clamp(-1, 1)),
     "softplus": (torch.nn.functional.softplus, lambda x: x),
     "mish": (torch.nn.functional.mish, lambda x: x),
     "elu": (torch.nn.functional.elu, lambda x: x),
@@ -99,6 +106,27 @@ def test_atan2_quadrants_and_special_values() -> None:
     torch.testing.assert_close(got, ref, equal_nan=True)
     zero = ref == 0
     assert torch.equal(got[zero].signbit(), ref[zero].signbit())
+
+
+def test_hypot_and_inverse_functions_at_their_edges() -> None:
+    """hypot without overflow or underflow in between, inf beside NaN; asin/acos/atanh at and
+    beyond +-1, acosh at and below 1, sinh/cosh up to float32's overflow."""
+    special = torch.tensor([0.0, -0.0, 1e-30, -3e-39, 1.5, -2.5, 3e38, -1e30, float("inf"), -float("inf"), float("nan")])
+    a, b = torch.cartesian_prod(special, special).unbind(1)
+    g = torch.Generator().manual_seed(0)
+    cloud = torch.randn(2, 100_000, generator=g) * torch.logspace(-30, 30, 100_000)
+    a, b = torch.cat([a, cloud[0]]), torch.cat([b, cloud[1]])
+    got = torch.compile(torch.hypot, backend="minductor")(a, b)
+    torch.testing.assert_close(got, torch.hypot(a.double(), b.double()).float(), equal_nan=True)
+    edges = torch.tensor([-1.0, 1.0, -1.0000001, 1.0000001, 0.9999999, -0.9999999, 2.0, -2.0, 0.0, -0.0, 1e-30,
+                          88.0, 89.0, 89.4, 89.5, -89.4, 100.0, 3e38, -3e38, float("inf"), -float("inf"), float("nan")])
+    fns = (torch.asin, torch.acos, torch.atanh, torch.acosh, torch.sinh, torch.cosh, torch.asinh)
+    got = torch.compile(lambda x: tuple(f(x) for f in fns), backend="minductor")(edges)
+    for f, value in zip(fns, got):
+        ref = f(edges.double()).float()
+        torch.testing.assert_close(value, ref, equal_nan=True, msg=lambda m, f=f: f"{f.__name__}: {m}")
+        zero = ref == 0
+        assert torch.equal(value[zero].signbit(), ref[zero].signbit()), f.__name__
 
 
 def test_log2_of_powers_of_two_and_exp2_of_integers_are_exact() -> None:

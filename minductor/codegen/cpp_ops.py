@@ -105,31 +105,31 @@ class CppOps:
         return self._cse(f"mi_c_tan({x})")
 
     def asin(self, x: str) -> str:
-        return self._cse(f"mi_c_asin({x})")
+        return self._cse(f"mi_asin({x})")
 
     def acos(self, x: str) -> str:
-        return self._cse(f"mi_c_acos({x})")
+        return self._cse(f"mi_acos({x})")
 
     def atan(self, x: str) -> str:
         return self._cse(f"mi_atan({x})")
 
     def sinh(self, x: str) -> str:
-        return self._cse(f"mi_c_sinh({x})")
+        return self._cse(f"mi_sinh({x})")
 
     def cosh(self, x: str) -> str:
-        return self._cse(f"mi_c_cosh({x})")
+        return self._cse(f"mi_cosh({x})")
 
     def tanh(self, x: str) -> str:
         return self._cse(f"mi_tanh({x})")
 
     def asinh(self, x: str) -> str:
-        return self._cse(f"mi_c_asinh({x})")
+        return self._cse(f"mi_asinh({x})")
 
     def acosh(self, x: str) -> str:
-        return self._cse(f"mi_c_acosh({x})")
+        return self._cse(f"mi_acosh({x})")
 
     def atanh(self, x: str) -> str:
-        return self._cse(f"mi_c_atanh({x})")
+        return self._cse(f"mi_atanh({x})")
 
     def erf(self, x: str) -> str:
         return self._cse(f"mi_erf({x})")
@@ -244,7 +244,7 @@ class CppOps:
         return self._cse(f"mi_atan2({a}, {b})")
 
     def hypot(self, a: str, b: str) -> str:
-        return self._cse(f"mi_c_hypot({a}, {b})")
+        return self._cse(f"mi_hypot({a}, {b})")
 
     def copysign(self, a: str, b: str) -> str:
         return self._cse(f"mi_c_copysign({a}, {b})")

@@ -105,3 +105,74 @@ MI_MATH float mi_atan(float x) {
     return x != x ? x : __builtin_copysignf(a, x);
 }
 static inline double mi_atan(double x) { return __builtin_atan(x); }
+
+// asin and acos as the angle of (x, sqrt(1 - x^2)), 1 - x^2 as (1 - x)(1 + x) (exact near 1):
+// NaN beyond [-1, 1] from the square root
+MI_MATH float mi_asin(float x) { return mi_atan2(x, __builtin_sqrtf((1.0f - x) * (1.0f + x))); }
+static inline double mi_asin(double x) { return __builtin_asin(x); }
+MI_MATH float mi_acos(float x) { return mi_atan2(__builtin_sqrtf((1.0f - x) * (1.0f + x)), x); }
+static inline double mi_acos(double x) { return __builtin_acos(x); }
+
+// e^|x| / 2, finite up to where sinh and cosh are (|x| < 89.4, beyond e^x's range): e^(|x| -
+// c) e^(c - ln2) for c = ln2 rounded to 9 bits, so that |x| - c is exact
+MI_MATH float mi_exp_half(float ax) { return mi_exp(ax - 0.693359375f) * 1.00021221695f; }
+
+// sinh: its Taylor series to x^11 for |x| < 1 (truncation < 2e-10 relative), (e^|x| - e^-|x|) / 2
+// beyond, signed
+MI_MATH float mi_sinh(float x) {
+    float z = x * x;
+    float p = 2.5052108385e-8f;
+    p = MI_MAD(p, z, 2.7557319224e-6f);
+    p = MI_MAD(p, z, 1.9841269841e-4f);
+    p = MI_MAD(p, z, 8.3333333333e-3f);
+    p = MI_MAD(p, z, 1.6666666667e-1f);
+    float small = MI_MAD(p * z, x, x);
+    float h = mi_exp_half(__builtin_fabsf(x));
+    float big = __builtin_copysignf(h - 0.25f / h, x);
+    return __builtin_fabsf(x) < 1.0f ? small : big;
+}
+static inline double mi_sinh(double x) { return __builtin_sinh(x); }
+MI_MATH float mi_cosh(float x) {
+    float h = mi_exp_half(__builtin_fabsf(x));
+    return h + 0.25f / h;
+}
+static inline double mi_cosh(double x) { return __builtin_cosh(x); }
+
+// asinh(x) = log1p(|x| + x^2 / (1 + sqrt(1 + x^2))) (accurate near 0), log(2|x|) from 2^12 on,
+// signed
+MI_MATH float mi_asinh(float x) {
+    float ax = __builtin_fabsf(x);
+    float z = ax * ax;
+    float near = mi_log1p(ax + z / (1.0f + __builtin_sqrtf(1.0f + z)));
+    float far = mi_log(ax) + 0.693147180559945f;
+    return __builtin_copysignf(ax < 4096.0f ? near : far, x);
+}
+static inline double mi_asinh(double x) { return __builtin_asinh(x); }
+// acosh(x) = log1p(t + sqrt(2t + t^2)) for t = x - 1 (accurate near 1), log(2x) from 2^12 on;
+// NaN below 1
+MI_MATH float mi_acosh(float x) {
+    float t = x - 1.0f;
+    float near = mi_log1p(t + __builtin_sqrtf(MI_MAD(t, t, t + t)));
+    float far = mi_log(x) + 0.693147180559945f;
+    float out = x < 4096.0f ? near : far;
+    return x >= 1.0f ? out : __builtin_nanf("") + x;
+}
+static inline double mi_acosh(double x) { return __builtin_acosh(x); }
+// atanh(x) = log1p(2|x| / (1 - |x|)) / 2, signed: +-inf at +-1, NaN beyond
+MI_MATH float mi_atanh(float x) {
+    float ax = __builtin_fabsf(x);
+    return __builtin_copysignf(0.5f * mi_log1p((ax + ax) / (1.0f - ax)), x);
+}
+static inline double mi_atanh(double x) { return __builtin_atanh(x); }
+
+// hypot: the larger magnitude times sqrt(1 + r^2), r the ratio of the smaller to it (no overflow
+// or underflow in between); inf if either is infinite, even with a NaN, else NaN with one
+MI_MATH float mi_hypot(float a, float b) {
+    float ax = __builtin_fabsf(a), ay = __builtin_fabsf(b);
+    float m = ax > ay ? ax : ay, n = ax > ay ? ay : ax;
+    float r = n / (m == 0.0f ? 1.0f : m);
+    float out = m * __builtin_sqrtf(MI_MAD(r, r, 1.0f));
+    out = ax == __builtin_inff() ? ax : out;  // two selects: an || of compares kept loops scalar
+    return ay == __builtin_inff() ? ay : out;
+}
+static inline double mi_hypot(double a, double b) { return __builtin_hypot(a, b); }
