@@ -88,11 +88,13 @@ def _simd_loops(source: str) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("fn", [lambda x: torch.nn.functional.layer_norm(x, (x.shape[-1],)),
                                 lambda x: torch.var_mean(x, -1),
                                 lambda x: torch.softmax(x, -1),
-                                lambda x: x.sum(1) + x.amax(1)],
-                         ids=["layer_norm", "var_mean", "softmax", "sum_amax"])
+                                lambda x: x.sum(1) + x.amax(1),
+                                lambda x: (x.exp() * (x - x.abs().sum(-1, keepdim=True).log())).sum(-1)],
+                         ids=["layer_norm", "var_mean", "softmax", "sum_amax", "log_of_row_value"])
 def test_generated_row_reductions_vectorize(fn, tmp_path: Path) -> None:
     """Every data loop of a row reduction vectorizes: -O3's unroll-and-jam once fused two rows
-    of layer_norm's Welford loop and left it scalar on AVX2 (2x slower kernel)."""
+    of layer_norm's Welford loop and left it scalar on AVX2 (2x slower kernel), and GCC 12 left
+    a lane loop scalar that took the log of a per-row value inside (kl_div; now hoisted)."""
     x = torch.randn(8, 4096)
     with config.patch(debug=True, debug_dir=str(tmp_path / "dump")):
         # a sum of 4096 values in another order than eager's: float32 rounding, scaled to the row

