@@ -38,6 +38,7 @@ FNS = {
     "asinh": (torch.asinh, lambda x: x * x * x),
     "acosh": (torch.acosh, lambda x: x.abs() * x.abs() + 1),
     "atanh": (torch.atanh, lambda x: (x / 11).clamp(-1, 1)),
+    "erfinv": (torch.erfinv, lambda x: (x / 11).clamp(-1, 1)),
     "softplus": (torch.nn.functional.softplus, lambda x: x),
     "mish": (torch.nn.functional.mish, lambda x: x),
     "elu": (torch.nn.functional.elu, lambda x: x),
@@ -110,7 +111,7 @@ def test_atan2_quadrants_and_special_values() -> None:
 
 def test_hypot_and_inverse_functions_at_their_edges() -> None:
     """hypot without overflow or underflow in between, inf beside NaN; asin/acos/atanh at and
-    beyond +-1, acosh at and below 1, sinh/cosh up to float32's overflow."""
+    beyond +-1, acosh at and below 1, sinh/cosh up to float32's overflow, erfinv's tails."""
     special = torch.tensor([0.0, -0.0, 1e-30, -3e-39, 1.5, -2.5, 3e38, -1e30, float("inf"), -float("inf"), float("nan")])
     a, b = torch.cartesian_prod(special, special).unbind(1)
     g = torch.Generator().manual_seed(0)
@@ -118,15 +119,37 @@ def test_hypot_and_inverse_functions_at_their_edges() -> None:
     a, b = torch.cat([a, cloud[0]]), torch.cat([b, cloud[1]])
     got = torch.compile(torch.hypot, backend="minductor")(a, b)
     torch.testing.assert_close(got, torch.hypot(a.double(), b.double()).float(), equal_nan=True)
-    edges = torch.tensor([-1.0, 1.0, -1.0000001, 1.0000001, 0.9999999, -0.9999999, 2.0, -2.0, 0.0, -0.0, 1e-30,
+    edges = torch.tensor([-1.0, 1.0, -1.0000001, 1.0000001, 0.9999999, -0.9999999, 0.99999994, 0.9999, 2.0, -2.0, 0.0, -0.0, 1e-30,
                           88.0, 89.0, 89.4, 89.5, -89.4, 100.0, 3e38, -3e38, float("inf"), -float("inf"), float("nan")])
-    fns = (torch.asin, torch.acos, torch.atanh, torch.acosh, torch.sinh, torch.cosh, torch.asinh)
+    fns = (torch.asin, torch.acos, torch.atanh, torch.acosh, torch.sinh, torch.cosh, torch.asinh, torch.erfinv)
     got = torch.compile(lambda x: tuple(f(x) for f in fns), backend="minductor")(edges)
     for f, value in zip(fns, got):
         ref = f(edges.double()).float()
         torch.testing.assert_close(value, ref, equal_nan=True, msg=lambda m, f=f: f"{f.__name__}: {m}")
         zero = ref == 0
         assert torch.equal(value[zero].signbit(), ref[zero].signbit()), f.__name__
+
+
+def test_pow_of_tensors() -> None:
+    """x ** y for float32 tensors against float64's pow rounded: every pair of signed zeros,
+    +-1, integers odd and even (beyond 2^24 too), halves, tiny and huge values, infinities and
+    NaN (C99's special cases), plus random positive bases over 10 decades and negative bases to
+    integer powers; the sign of zero results included."""
+    special = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 3.0, -3.0, 2.5, -2.5, 1e-30, -1e-30, 1e30, -1e30, 16777217.0,
+               33554432.0, -33554431.0, float("inf"), -float("inf"), float("nan"), 0.999, 1.001, 88.0, -149.0, 128.0, 127.5, 7.0]
+    x, y = torch.cartesian_prod(torch.tensor(special), torch.tensor(special)).unbind(1)
+    g = torch.Generator().manual_seed(0)
+    base = torch.rand(100_000, generator=g) * 10 ** torch.empty(100_000).uniform_(-5, 5, generator=g)
+    negative = -torch.randint(1, 100, (20_000,), generator=g).float() / 7
+    x = torch.cat([x, base, negative])
+    y = torch.cat([y, torch.randn(100_000, generator=g) * 20, torch.randint(-30, 30, (20_000,), generator=g).float()])
+    got = torch.compile(torch.pow, backend="minductor")(x, y)
+    exact = torch.pow(x.double(), y.double())
+    torch.testing.assert_close(got, exact.float(), equal_nan=True)
+    zero = exact == 0
+    assert torch.equal(got[zero].signbit(), exact[zero].signbit())
+    normal = torch.isfinite(exact.float()) & (exact.abs() > 1e-37)
+    assert ((got[normal].double() - exact[normal]) / exact[normal]).abs().max() < 2.4e-7  # 2 ulp
 
 
 def test_log2_of_powers_of_two_and_exp2_of_integers_are_exact() -> None:

@@ -332,8 +332,11 @@ template <typename T> static inline T mi_fmod(T a, T b) {
     if constexpr (mi_is_float<T>::value) return mi_c_fmod(a, b);
     else return (b == 0 || b == T(-1)) ? 0 : a % b;
 }
+MI_MATH float mi_powf(float x, float y);  // minductor_libm.h
 template <typename T> static inline T mi_pow(T a, T b) {
-    if constexpr (mi_is_float<T>::value) {
+    if constexpr (mi_same<T, float>::value) {
+        return mi_powf(a, b);
+    } else if constexpr (mi_is_float<T>::value) {
         return mi_c_pow(a, b);
     } else {
         if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b % 2) ? -1 : 1) : 0);
