@@ -39,6 +39,7 @@ FNS = {
     "acosh": (torch.acosh, lambda x: x.abs() * x.abs() + 1),
     "atanh": (torch.atanh, lambda x: (x / 11).clamp(-1, 1)),
     "erfinv": (torch.erfinv, lambda x: (x / 11).clamp(-1, 1)),
+    "tan": (torch.tan, lambda x: x.clamp(-1e6, 1e6)),
     "softplus": (torch.nn.functional.softplus, lambda x: x),
     "mish": (torch.nn.functional.mish, lambda x: x),
     "elu": (torch.nn.functional.elu, lambda x: x),

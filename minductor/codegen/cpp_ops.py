@@ -102,7 +102,7 @@ class CppOps:
         return self._cse(f"mi_cos({x})")
 
     def tan(self, x: str) -> str:
-        return self._cse(f"mi_c_tan({x})")
+        return self._cse(f"mi_tan({x})")
 
     def asin(self, x: str) -> str:
         return self._cse(f"mi_asin({x})")

@@ -113,7 +113,7 @@ static inline void mi_stream_fence() {
     static inline float mi_c_##name(float x, float y) { return __builtin_##name##f(x, y); } \
     static inline double mi_c_##name(double x, double y) { return __builtin_##name(x, y); }
 MI_UNARY(sqrt)
-MI_UNARY(tan) MI_UNARY(erfc) MI_UNARY(floor) MI_UNARY(ceil)
+MI_UNARY(erfc) MI_UNARY(floor) MI_UNARY(ceil)
 MI_UNARY(trunc) MI_UNARY(nearbyint) MI_UNARY(lgamma) MI_UNARY(fabs)
 MI_BINARY(copysign) MI_BINARY(nextafter) MI_BINARY(fmod) MI_BINARY(pow)
 
@@ -551,6 +551,7 @@ MI_MVEC_DEFINE(mi_vcosf, cosf)
 #endif
 MI_MATH float mi_sin(float x) { return mi_vsinf(x); }
 MI_MATH float mi_cos(float x) { return mi_vcosf(x); }
+MI_MATH float mi_tan(float x) { return mi_sin(x) / mi_cos(x); }  // (cpp_unit keeps both defined)
 #else
 // sin/cos: quadrant from a double-precision reduction by pi/2, then float polynomials
 MI_MATH float mi_sincos_poly(float r, int32_t q, bool want_cos) {
@@ -588,7 +589,17 @@ MI_MATH float mi_cos(float x) {
     float out = mi_sincos_poly(r, q, true);
     return finite ? out : __builtin_nanf("");
 }
+// tan(r + q pi/2): sin(r) / cos(r), or -cos(r) / sin(r) for odd q; one reduction, one division
+MI_MATH float mi_tan(float x) {
+    const bool finite = __builtin_fabsf(x) < __builtin_inff();
+    float r; int32_t q;
+    mi_reduce_pi2(finite ? x : 0.0f, r, q);
+    float s = mi_sincos_poly(r, 0, false), c = mi_sincos_poly(r, 0, true);
+    float t = ((q & 1) ? -c : s) / ((q & 1) ? s : c);
+    return finite ? t : __builtin_nanf("");
+}
 #endif
+static inline double mi_tan(double x) { return __builtin_tan(x); }
 static inline double mi_sin(double x) { return __builtin_sin(x); }
 static inline double mi_cos(double x) { return __builtin_cos(x); }
 
