@@ -319,6 +319,24 @@ def test_pow_by_constants_multiplies_out(dtype, tmp_path) -> None:
         assert "mi_pow" not in source.read_text()
 
 
+def test_float_fmod_remainder_floor_divide_are_exact() -> None:
+    """Float fmod and remainder bit for bit as in float64 rounded (exact remainders; eager's own
+    float32 fmod returns NaN for some huge quotients, like fmod(1, 1e-45)), floor_divide as
+    eager's float32: random bit patterns (every exponent gap, subnormals, infinities, NaN),
+    every pair of special values, and ordinary quotients."""
+    g = torch.Generator().manual_seed(0)
+    bits = torch.randint(-2**31, 2**31 - 1, (2, 200_000), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    special = torch.tensor([0.0, -0.0, 1.0, -1.0, 1e-45, -1e-45, 3.4e38, -3.4e38, INF, -INF, NAN, 0.7, 2.5, -2.5, 1e-38, 16777216.0])
+    a, b = torch.cartesian_prod(special, special).unbind(1)
+    u = torch.empty(2, 100_000).uniform_(-100, 100, generator=g)
+    a, b = torch.cat([a, bits[0], u[0]]), torch.cat([b, bits[1], u[1] * 0.01])
+    got = torch.compile(lambda a, b: (torch.fmod(a, b), torch.remainder(a, b), torch.floor_divide(a, b)), backend="minductor")(a, b)
+    refs = (torch.fmod(a.double(), b.double()).float(), torch.remainder(a.double(), b.double()).float(), torch.floor_divide(a, b))
+    for value, ref in zip(got, refs):
+        assert torch.equal(value.isnan(), ref.isnan())
+        assert torch.equal(value[~ref.isnan()].view(torch.int32), ref[~ref.isnan()].view(torch.int32))  # -0 included
+
+
 def test_pow_int_tensor_int_tensor() -> None:
     a = torch.tensor([2, -3, 0, 1, -1, 7, 10], dtype=I64)
     b = torch.tensor([3, 3, 0, 9, 5, 2, 15], dtype=I64)

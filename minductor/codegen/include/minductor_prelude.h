@@ -291,8 +291,26 @@ template <typename T> static inline void mi_check_divisor(T b, int64_t& bad) {
     if constexpr (!mi_is_float<T>::value) bad |= (b == 0) ? 2 : 0;
 }
 
+MI_MATH float mi_fmodf(float a, float b);  // minductor_libm.h
+// Python's floor division and remainder of floats, as eager computes them: from the exact fmod,
+// branch-free for float (selects of floats: a branch or a compare of two bools kept loops scalar)
+MI_MATH float mi_floordivf(float a, float b) {
+    float mod = mi_fmodf(a, b);
+    float div = (a - mod) / b;
+    div = mod != 0.0f ? (__builtin_copysignf(1.0f, b) != __builtin_copysignf(1.0f, mod) ? div - 1.0f : div) : div;
+    float fl = __builtin_floorf(div);
+    fl = div - fl > 0.5f ? fl + 1.0f : fl;
+    fl = div == 0.0f ? __builtin_copysignf(0.0f, a / b) : fl;
+    return b == 0.0f ? a / b : fl;
+}
+MI_MATH float mi_modf(float a, float b) {
+    float m = mi_fmodf(a, b);
+    return m == 0.0f ? m : (__builtin_copysignf(1.0f, m) != __builtin_copysignf(1.0f, b) ? m + b : m);
+}
 template <typename T> static inline T mi_floordiv(T a, T b) {
-    if constexpr (mi_is_float<T>::value) {
+    if constexpr (mi_same<T, float>::value) {
+        return mi_floordivf(a, b);
+    } else if constexpr (mi_is_float<T>::value) {
         if (b == 0) return a / b;
         T mod = mi_c_fmod(a, b);
         T div = (a - mod) / b;
@@ -317,7 +335,9 @@ template <typename T> static inline T mi_truncdiv(T a, T b) {
     }
 }
 template <typename T> static inline T mi_mod(T a, T b) {
-    if constexpr (mi_is_float<T>::value) {
+    if constexpr (mi_same<T, float>::value) {
+        return mi_modf(a, b);
+    } else if constexpr (mi_is_float<T>::value) {
         T m = mi_c_fmod(a, b);
         if (m != 0 && ((b < 0) != (m < 0))) m += b;
         return m;
@@ -329,7 +349,8 @@ template <typename T> static inline T mi_mod(T a, T b) {
     }
 }
 template <typename T> static inline T mi_fmod(T a, T b) {
-    if constexpr (mi_is_float<T>::value) return mi_c_fmod(a, b);
+    if constexpr (mi_same<T, float>::value) return mi_fmodf(a, b);
+    else if constexpr (mi_is_float<T>::value) return mi_c_fmod(a, b);
     else return (b == 0 || b == T(-1)) ? 0 : a % b;
 }
 MI_MATH float mi_powf(float x, float y);  // minductor_libm.h
