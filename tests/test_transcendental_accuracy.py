@@ -40,6 +40,7 @@ FNS = {
     "atanh": (torch.atanh, lambda x: (x / 11).clamp(-1, 1)),
     "erfinv": (torch.erfinv, lambda x: (x / 11).clamp(-1, 1)),
     "tan": (torch.tan, lambda x: x.clamp(-1e6, 1e6)),
+    "erfc": (torch.erfc, lambda x: x),
     "softplus": (torch.nn.functional.softplus, lambda x: x),
     "mish": (torch.nn.functional.mish, lambda x: x),
     "elu": (torch.nn.functional.elu, lambda x: x),

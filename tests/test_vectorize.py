@@ -18,7 +18,7 @@ MATH = math_paths()
 
 UNARY = ["mi_exp", "mi_log", "mi_tanh", "mi_erf", "mi_sin", "mi_cos", "mi_sigmoid", "mi_relu", "mi_abs",
          "mi_rsqrt", "mi_sign", "mi_reciprocal", "mi_expm1", "mi_log1p", "mi_exp2", "mi_log2", "mi_log10", "mi_atan",
-         "mi_asin", "mi_acos", "mi_sinh", "mi_cosh", "mi_asinh", "mi_acosh", "mi_atanh", "mi_erfinv", "mi_tan"]
+         "mi_asin", "mi_acos", "mi_sinh", "mi_cosh", "mi_asinh", "mi_acosh", "mi_atanh", "mi_erfinv", "mi_tan", "mi_erfc"]
 BINARY = ["mi_maximum", "mi_minimum", "mi_atan2", "mi_hypot", "mi_powf", "mi_fmodf", "mi_modf", "mi_floordivf"]
 
 

@@ -135,7 +135,7 @@ class CppOps:
         return self._cse(f"mi_erf({x})")
 
     def erfc(self, x: str) -> str:
-        return self._cse(f"mi_c_erfc({x})")
+        return self._cse(f"mi_erfc({x})")
 
     def erfinv(self, x: str) -> str:
         return self._cse(f"mi_erfinv({x})")

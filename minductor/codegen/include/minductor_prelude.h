@@ -113,7 +113,7 @@ static inline void mi_stream_fence() {
     static inline float mi_c_##name(float x, float y) { return __builtin_##name##f(x, y); } \
     static inline double mi_c_##name(double x, double y) { return __builtin_##name(x, y); }
 MI_UNARY(sqrt)
-MI_UNARY(erfc) MI_UNARY(floor) MI_UNARY(ceil)
+MI_UNARY(floor) MI_UNARY(ceil)
 MI_UNARY(trunc) MI_UNARY(nearbyint) MI_UNARY(lgamma) MI_UNARY(fabs)
 MI_BINARY(copysign) MI_BINARY(nextafter) MI_BINARY(fmod) MI_BINARY(pow)
 
@@ -476,7 +476,6 @@ MI_MATH float mi_tanh(float x) {
     return 7.9f <= __builtin_fabsf(x) ? __builtin_copysignf(1.0f, x) : r;
 }
 static inline double mi_tanh(double x) { return __builtin_tanh(x); }
-#include "minductor_libm.h"
 
 MI_MATH float mi_erf(float x) {
     // relative error < 4e-7: x P(x^2) / Q(x^2) on [-4, 4] (odd numerator of degree 13, even
@@ -501,6 +500,7 @@ MI_MATH float mi_erf(float x) {
     return xc * (p / q);  // p / q first: x p would go subnormal for tiny x
 }
 static inline double mi_erf(double x) { return __builtin_erf(x); }
+#include "minductor_libm.h"
 
 #ifdef MI_LIBMVEC
 // glibc's libmvec: vector sinf/cosf, within 2 ulp for every argument, huge ones included. Its
