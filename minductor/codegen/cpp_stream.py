@@ -255,12 +255,7 @@ def lane_loop(code: CodeBuffer, var: str, width: int | str, body: list[str]) -> 
     hoisted, rest = hoist_invariant_lines(body, var)
     for line in hoisted:
         code.writeline(line)
-    code.writeline("#pragma omp simd")
-    code.writeline(f"for (int64_t mi_lane = 0; mi_lane < {width}; mi_lane++)")
-    with code.indent():
-        code.writeline(f"const int64_t {var} = mi_base + mi_lane;")
-        for line in rest:
-            code.writeline(line)
+    simd_loop(code, index_symbol("mi_lane"), "0", str(width), [f"const int64_t {var} = mi_base + mi_lane;", *rest])
 
 
 def simd_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, body: list[str]) -> None:
