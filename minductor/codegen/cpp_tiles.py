@@ -169,7 +169,7 @@ def _emit_staged_tiles(kernel: CppKernel, code: CodeBuffer, stage: StagedTile, l
 
 PREFETCH_ROWS = 4  # how far ahead a staged tile's row prefetches its row-contiguous operands
 # The tiles' prefetches are non-temporal (prefetchnta): the lines are read once, and kept out
-# of the L2 they do not evict the tile's stage (x.t() + y at 4096, 1024x128 tiles, a C++
+# of the L2 they cannot evict the tile's stage there (x.t() + y at 4096, 1024x128 tiles, a C++
 # harness of the kernel alone on an AMD EPYC (Zen 5), six rounds alternating: 3.69-3.87 ->
 # 3.52-3.76 ms at 100 GB/s STREAM, 4.48 -> 4.10 ms at 63 GB/s; 8 or 16 rows ahead no better)
 PREFETCH_LOCALITY = 0
