@@ -244,28 +244,29 @@ MAX_MULTIPLIED_POWER = 16
 
 @register_lowering(aten.pow)
 def pow_(a: Any, b: Any) -> TensorBox:
-    """Powers by a constant multiply out: an integer exponent by repeated squaring (and a
-    reciprocal if negative), and 0.5 and -0.5 as sqrt and rsqrt, as eager's kernel does
-    for them, except in half, where eager calls pow ((-inf) ** 0.5 is inf there, NaN as sqrt). libm's powf is a call per element that keeps the whole fused loop scalar
-    (GPT-2's GELU-tanh, ``x ** 3``). Within float32 tolerances of powf (at most 2 log2(n)
-    roundings)."""
+    """Powers by a constant multiply out: an integer exponent by repeated squaring (a
+    reciprocal after it if negative, for floats), and 0.5 and -0.5 as sqrt and rsqrt, as
+    eager's kernel does for them, except in half, where eager calls pow ((-inf) ** 0.5 is inf
+    there, NaN as sqrt). libm's powf is a call per element that keeps the whole fused loop
+    scalar (GPT-2's GELU-tanh, ``x ** 3``). Within float32 tolerances of powf (at most
+    2 log2(n) roundings); integer powers wrap as eager's repeated squaring does."""
     if is_tensor(a) and not is_tensor(b) and isinstance(b, (int, float)):
         a = to_dtype(a, _result_dtype(a, b))  # an integer tensor to a float power is float
         dtype = a.get_dtype()
         if b == 1:
             return a
-        if b == 2:
-            return make_pointwise(lambda x: ops.mul(x, x), name="pow")(a)
         if b in (0.5, -0.5) and dtype in (torch.float32, torch.float64, torch.bfloat16):
             return make_pointwise(ops.sqrt if b > 0 else ops.rsqrt, name="pow")(a)
         if b in (0.5, -0.5) and dtype == torch.float16:  # pow's: +0 at -0, inf at -inf (GCC's rewrite of powf gave NaN)
-            return make_pointwise(_pow_half if b > 0 else lambda x: ops.reciprocal(_pow_half(x)), name="pow")(a)
-        if dtype.is_floating_point and float(b).is_integer() and 0 < abs(b) <= MAX_MULTIPLIED_POWER:
+            return make_pointwise(_pow_sqrt if b > 0 else lambda x: ops.reciprocal(_pow_sqrt(x)), name="pow")(a)
+        if (float(b).is_integer() and 0 < abs(b) <= MAX_MULTIPLIED_POWER and dtype != torch.bool
+                and (b > 0 or dtype.is_floating_point)):
             return make_pointwise(lambda x: _integer_power(x, int(b)), name="pow")(a)
     return make_pointwise(ops.pow, name="pow")(a, b)
 
 
-def _pow_half(x: Any) -> Any:
+def _pow_sqrt(x: Any) -> Any:
+    """pow(x, 0.5): sqrt, but +0 at -0 and inf at -inf."""
     root = ops.add(ops.sqrt(x), ops.constant(0.0, torch.float32))
     return ops.where(ops.eq(x, ops.constant(-math.inf, torch.float32)), ops.constant(math.inf, torch.float32), root)
 

@@ -93,24 +93,17 @@ MI_MATH void mi_reduce_pi2(float x, float& r, int32_t& q) {
     r = static_cast<float>(rd);
     q = static_cast<int32_t>(k - 4.0 * __builtin_floor(k * 0.25));
 }
-MI_MATH float mi_sin(float x) {
+MI_MATH float mi_sin_or_cos(float x, bool want_cos) {
     // NaN or inf in one compare (a || of two compares made GCC 12 give up vectorizing some
     // loops that hold an exp too)
     const bool finite = __builtin_fabsf(x) < __builtin_inff();
     float r; int32_t q;
     mi_reduce_pi2(finite ? x : 0.0f, r, q);
-    float out = mi_sincos_poly(r, q, false);
+    float out = mi_sincos_poly(r, q, want_cos);
     return finite ? out : __builtin_nanf("");
 }
-MI_MATH float mi_cos(float x) {
-    // NaN or inf in one compare (a || of two compares made GCC 12 give up vectorizing some
-    // loops that hold an exp too)
-    const bool finite = __builtin_fabsf(x) < __builtin_inff();
-    float r; int32_t q;
-    mi_reduce_pi2(finite ? x : 0.0f, r, q);
-    float out = mi_sincos_poly(r, q, true);
-    return finite ? out : __builtin_nanf("");
-}
+MI_MATH float mi_sin(float x) { return mi_sin_or_cos(x, false); }
+MI_MATH float mi_cos(float x) { return mi_sin_or_cos(x, true); }
 // tan(r + q pi/2): sin(r) / cos(r), or -cos(r) / sin(r) for odd q; one reduction, one division
 MI_MATH float mi_tan(float x) {
     const bool finite = __builtin_fabsf(x) < __builtin_inff();
