@@ -154,16 +154,16 @@ def isa_flags(cxx: str) -> list[str]:
     later). Kernels compute half values in float32, so they lose nothing, and GCC 12 with it
     dropped the float -> _Float16 -> float rounding of an unrolled loop: 4 of the 5 elements of a
     padded row were copied unrounded (``F.pad(x.half(), (2, 0))`` off by up to 4e-4)."""
-    return ["-mno-avx512fp16"] if _native_enables(cxx, "-mavx512fp16") else []
+    return ["-mno-avx512fp16"] if native_enables(cxx, "-mavx512fp16") else []
 
 
 @functools.cache
 def avx512_enabled(cxx: str) -> bool:
     """Whether ``-march=native`` gives kernels AVX-512 (32 vector registers of 16 floats)."""
-    return _native_enables(cxx, "-mavx512f")
+    return native_enables(cxx, "-mavx512f")
 
 
-def _native_enables(cxx: str, option: str) -> bool:
+def native_enables(cxx: str, option: str) -> bool:
     """Whether ``-march=native`` turns ``option`` (an ISA extension) on."""
     return bool(re.search(rf"^\s*{re.escape(option)}\s+\[enabled\]", _native_target(cxx), re.MULTILINE))
 

@@ -1,0 +1,82 @@
+"""Window gathers (codegen/cpp_windows.py): reads through a table of indices along the innermost
+loop, done as a window load and a permutation of its lanes per block, lane by lane where a
+block's indices spread wider than two vectors. Results are compared bit for bit with eager's
+(the reads only move values), over sizes with tail blocks, rows too short for any window,
+every element size, and both choices of the gather-speed rule."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minductor import config
+from minductor.codegen import cpp_unit
+from minductor.codegen.cpp_windows import window_sizes
+
+
+def _source(fn, *args, tmp_path: Path, exact: bool = True) -> str:
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        got = torch.compile(fn, backend="minductor")(*args)
+    expected = fn(*args)
+    if exact:
+        torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    else:
+        torch.testing.assert_close(got, expected)
+    return "\n".join(p.read_text() for p in sorted(tmp_path.glob("graph_*/cpp_fused_*.cpp")))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 2, 9, 40), (2, 2, 6, 129)])
+@pytest.mark.parametrize("scale", [2, 3, 0.5])
+def test_nearest_resize_matches_eager_bit_for_bit(dtype: torch.dtype, shape: tuple[int, ...], scale: float,
+                                                  tmp_path: Path) -> None:
+    x = (torch.randn(shape) * 50).to(dtype)
+    source = _source(lambda x: F.interpolate(x, scale_factor=scale), x, tmp_path=tmp_path)
+    # rows of 10 to 387 outputs: every float size takes windows (a row of 7 to 14, too)
+    if dtype.itemsize in window_sizes() and shape[-1] * scale >= 16:
+        assert "mi_window_gather(" in source, source
+
+
+def test_window_reads_each_row_through_a_plan_made_once(tmp_path: Path) -> None:
+    """The plan is made before the loops, once per table; the rows' reads stage into a buffer
+    before the innermost loop, which reads the buffer and gathers nothing."""
+    if 4 not in window_sizes():
+        pytest.skip("this CPU has no one-instruction permutation of 4-byte lanes (AVX2 or AVX-512)")
+    x = torch.randn(2, 8, 20, 48)
+    source = _source(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), x, tmp_path=tmp_path, exact=False)
+    loops = source[source.index("#pragma omp parallel"):]
+    prologue = source[:source.index("#pragma omp parallel")]
+    assert prologue.count("mi_window_plan<4>(") == 2 and "mi_window_plan" not in loops  # x0 and x1 columns
+    assert loops.count("mi_window_gather(") == 4  # two rows, two columns each
+    inner = loops[loops.rindex("for (int64_t"):]
+    assert "in_ptr0[" not in inner, inner
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_window_gathers_keep_the_loop_vectorized_whatever_the_gather_speed(fast: bool, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where gather instructions do not pay off, loops with gathers lose their `omp simd`; a loop
+    whose gathers are all window gathers keeps it."""
+    if 4 not in window_sizes():
+        pytest.skip("this CPU has no one-instruction permutation of 4-byte lanes (AVX2 or AVX-512)")
+    monkeypatch.setattr(cpp_unit, "vector_gathers_pay_off", lambda: fast)
+    x = torch.randn(3, 4, 11 + fast, 37)  # (a shape of its own: no graph compiled under the other rule)
+    source = _source(lambda x: F.interpolate(x, scale_factor=2) * 2, x, tmp_path=tmp_path)
+    assert "mi_window_gather(" in source and "#pragma omp simd" in source[source.index("mi_window_gather("):]
+
+
+def test_tabled_index_out_of_range_still_raises(tmp_path: Path) -> None:
+    """The bounds check of a tabled index runs once, on the table; a row still reports it."""
+    def fn(x):
+        cols = torch.div(torch.arange(40, device=x.device), 0.5, rounding_mode="floor").long()  # up to 78
+        return x[:, cols] + 1
+
+    x = torch.randn(8, 50)
+    with pytest.raises(Exception, match="(?i)index|out of (range|bounds)"):
+        fn(x)
+    with pytest.raises(Exception, match="(?i)index|out of (range|bounds)"):
+        torch.compile(fn, backend="minductor")(x)
+    cols_ok = torch.randn(8, 80)
+    torch.testing.assert_close(torch.compile(fn, backend="minductor")(cols_ok), fn(cols_ok), atol=0, rtol=0)
