@@ -51,40 +51,53 @@ def _is_loop_var(sym: sympy.Symbol) -> bool:
 
 def interior(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> Interior | None:
     """The interior of the innermost loop over ``var`` in ``[0, size)`` (a static size of at
-    least MIN_SIZE), or None when the body tests no bound that an interior could drop, or
-    the interior would be under half the loop."""
+    least MIN_SIZE), or None when the body tests no bound that an interior could drop.
+
+    Each test of one loop variable, ``a v + b >= 0``, cuts that variable's range where it
+    changes value; the longest piece of the range, if at least half of it, is the interior
+    along that variable, and there every such test is a constant: ``true``, or ``false``
+    (a nested select, as functionalization makes of several slice assignments, tests both
+    sides of a bound: a circular pad's borders are the copies where ``i < 3`` holds). Along
+    ``var`` the interior is ``[lo, hi)``; along outer variables it is the guard."""
     if not size.is_Integer or int(size) < MIN_SIZE or not kernel.index_tests:
         return None
     defined = {line.split(" = ", 1)[0].removeprefix("auto ").strip() for line in lines if line.lstrip().startswith("auto ")}
-    lo, hi, guards, dropped = 0, int(size), [], []
+    tests: dict[sympy.Symbol, list[tuple[str, int, int]]] = {}  # variable -> (name, a, b): a v + b >= 0
     for name, expr in kernel.index_tests.items():
-        if name not in defined or not all(_is_loop_var(s) for s in expr.free_symbols):
+        if name not in defined or len(expr.free_symbols) != 1 or not _is_loop_var(next(iter(expr.free_symbols))):
             continue
-        if var not in expr.free_symbols:
-            guards.append(f"{cpp_index(expr)} >= 0")
-            dropped.append(name)
+        (v,) = expr.free_symbols
+        if not expr.is_polynomial(v):  # (a FloorDiv)
             continue
-        if expr.free_symbols != {var} or not expr.is_polynomial(var):  # (a FloorDiv, a product of vars)
+        coeffs = sympy.Poly(expr, v).all_coeffs()
+        extent = size if v == var else kernel.range_of.get(v)
+        if len(coeffs) == 2 and all(c.is_Integer for c in coeffs) and isinstance(extent, sympy.Integer):
+            tests.setdefault(v, []).append((name, int(coeffs[0]), int(coeffs[1])))
+    values: dict[str, bool] = {}
+    pieces: dict[sympy.Symbol, tuple[int, int]] = {}
+    for v, on_v in tests.items():
+        extent = int(size if v == var else kernel.range_of[v])
+        # a > 0: true from ceil(-b / a) on; a < 0: true up to floor(b / -a)
+        cuts = {0, extent} | {min(max(-(b // a) if a > 0 else b // -a + 1, 0), extent) for _, a, b in on_v}
+        ends = sorted(cuts)
+        lo, hi = max(zip(ends, ends[1:]), key=lambda piece: piece[1] - piece[0])
+        if hi - lo < max(extent // 2, 1):
             continue
-        coeffs = sympy.Poly(expr, var).all_coeffs()
-        if len(coeffs) != 2 or not all(c.is_Integer for c in coeffs):
-            continue
-        a, b = (int(c) for c in coeffs)  # a * var + b >= 0
-        if a > 0:
-            lo = max(lo, -(b // a))  # ceil(-b / a)
-        else:
-            hi = min(hi, b // -a + 1)  # var <= floor(b / -a)
-        dropped.append(name)
-    if not dropped or hi - lo < max(int(size) // 2, 1):
+        pieces[v] = (lo, hi)
+        values.update({name: a * lo + b >= 0 for name, a, b in on_v})
+    if not values:
         return None
-    prefixes = tuple(f"auto {name} = " for name in dropped)
+    lo, hi = pieces.pop(var, (0, int(size)))
+    guards = [g for v, (a, b) in pieces.items() for g in ([f"{v} >= {a}"] if a > 0 else []) +
+              ([f"{v} < {b}"] if b < int(kernel.range_of[v]) else [])]
     new_lines = []
     for line in lines:
         stripped = line.lstrip()
-        if stripped.startswith(prefixes):
-            line = line[: len(line) - len(stripped)] + stripped.split(" = ", 1)[0] + " = true;"
+        name = stripped.removeprefix("auto ").split(" = ", 1)[0] if stripped.startswith("auto ") else None
+        if name in values:
+            line = f"{line[: len(line) - len(stripped)]}auto {name} = {'true' if values[name] else 'false'};"
         new_lines.append(line)
-    return Interior(" && ".join(f"({g})" for g in dict.fromkeys(guards)), lo, hi, new_lines)
+    return Interior(" && ".join(f"({g})" for g in guards), lo, hi, new_lines)
 
 
 def emit_innermost(kernel: Any, code: Any, var: sympy.Symbol, lo: str, hi: str, length: Expr) -> None:

@@ -13,9 +13,18 @@ import torch
 
 from minductor.ir.indexing import FloorDiv, ModularIndexing
 from minductor.ir.layout import FixedLayout, as_exprs
-from minductor.ir.nodes import TensorBox
+from minductor.ir.nodes import Pointwise, TensorBox
+from minductor.ir.ops import ops
 from minductor.ir.views import ReinterpretView, make_view, realize_input
-from minductor.lowering.registry import Unsupported, aten, expand_to, register_lowering
+from minductor.lowering.registry import (
+    Unsupported,
+    aten,
+    common_layout_hint,
+    expand_to,
+    origins_of,
+    register_lowering,
+    to_dtype,
+)
 from minductor.virtualized import V
 
 Expr = sympy.Expr
@@ -196,16 +205,20 @@ def slice_(x: TensorBox, dim: int = 0, start: Any = None, end: Any = None, step:
     if step <= 0:
         raise Unsupported("slice step must be positive")
     size = old[dim]
-    if size.is_Integer and all(v is None or isinstance(v, int) for v in (start, end)):
-        start, end, _ = slice(start, end, step).indices(int(size))
-        length = sympy.Integer(max(0, (end - start + step - 1) // step))
-    else:
-        start, length = _symbolic_slice(size, start, end, step)
+    start, length = _slice_bounds(size, start, end, step)
     if start == 0 and length == size and step == 1:
         return x
     new = list(old)
     new[dim] = length
     return make_view(x, new, lambda idx: list(idx[:dim]) + [idx[dim] * step + start] + list(idx[dim + 1:]))
+
+
+def _slice_bounds(size: Expr, start: Any, end: Any, step: int) -> tuple[Expr, Expr]:
+    """Start and length of ``[start:end:step]`` along a dim of ``size``, clamped as Python does."""
+    if size.is_Integer and all(v is None or isinstance(v, int) for v in (start, end)):
+        start, end, _ = slice(start, end, step).indices(int(size))
+        return sympy.Integer(start), sympy.Integer(max(0, (end - start + step - 1) // step))
+    return _symbolic_slice(size, start, end, step)
 
 
 def _symbolic_slice(size: Expr, start: Any, end: Any, step: int) -> tuple[Expr, Expr]:
@@ -305,3 +318,66 @@ def unfold(x: TensorBox, dim: int, size: int, step: int) -> TensorBox:
     count = (int(old[dim]) - size) // step + 1
     new = list(old[:dim]) + [sympy.Integer(count)] + list(old[dim + 1:]) + [sympy.Integer(size)]
     return make_view(x, new, lambda idx: list(idx[:dim]) + [idx[dim] * step + idx[-1]] + list(idx[dim + 1:-1]))
+
+
+@register_lowering(aten.slice_scatter)
+def slice_scatter(x: TensorBox, src: TensorBox, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> TensorBox:
+    """``x`` with ``src`` written over its slice ``[start:end:step]`` along ``dim``, as a pointwise
+    select: functionalization makes one of every ``y[:, a:b] = v`` (and a circular pad five),
+    and as a select it fuses with what computes ``x`` and ``src`` and with what reads the
+    result; its bound tests are cut into interior loops (``cpp_interior``). It fell back to
+    aten before: a circular pad of (8, 64, 128, 128) ran 97 ms, eager 10."""
+    size = x.get_size()
+    dim = _dim(dim, len(size))
+    if step <= 0:
+        raise Unsupported("slice_scatter step must be positive")
+    lo, length = _slice_bounds(size[dim], start, end, step)
+    if step != 1 and not lo.is_number:
+        raise Unsupported("slice_scatter with a step and a symbolic start")
+    src_size = list(size)
+    src_size[dim] = length
+    src = expand_to(to_dtype(src, x.get_dtype()), src_size)
+    if lo == 0 and length == size[dim] and step == 1:
+        from minductor.lowering.pointwise import clone
+
+        return clone(src)
+    load_x, load_src = x.make_loader(), src.make_loader()
+
+    def inner_fn(index: Sequence[Expr]) -> Any:
+        i = index[dim]
+        at = ops.index_expr(i, torch.int64)
+        mask = ops.logical_and(ops.ge(at, ops.index_expr(lo, torch.int64)),
+                               ops.lt(at, ops.index_expr(lo + step * (length - 1) + 1, torch.int64)))
+        local = list(index)
+        local[dim] = i - lo
+        if step != 1:  # (i + the multiple of step past lo) - lo >= 0: no negative operand
+            shifted = i + step * -(-lo // step) - lo
+            mask = ops.logical_and(mask, ops.eq(ops.index_expr(ModularIndexing(shifted, 1, step), torch.int64),
+                                                ops.index_expr(sympy.Integer(0), torch.int64)))
+            local[dim] = FloorDiv(shifted, step) - -(-lo // step)
+        value = ops.masked(mask, lambda: load_src(local), 0)
+        return ops.where(mask, value, load_x(index))
+
+    return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), inner_fn, list(size),
+                                      origins=origins_of(x, src) | {"slice_scatter"},
+                                      stride_order=common_layout_hint([x], len(size))))
+
+
+@register_lowering(aten.diagonal_scatter)
+def diagonal_scatter(x: TensorBox, src: TensorBox, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TensorBox:
+    """``x`` with ``src`` written over its diagonal (``diagonal``'s view), as a pointwise select."""
+    size = x.get_size()
+    d1, d2 = _dim(dim1, len(size)), _dim(dim2, len(size))
+    src = to_dtype(src, x.get_dtype())
+    load_x, load_src = x.make_loader(), src.make_loader()
+    rest = [d for d in range(len(size)) if d not in (d1, d2)]
+
+    def inner_fn(index: Sequence[Expr]) -> Any:
+        on = ops.eq(ops.index_expr(index[d2] - index[d1], torch.int64), ops.index_expr(sympy.Integer(offset), torch.int64))
+        local = [index[d] for d in rest] + [index[d1] if offset >= 0 else index[d2]]
+        value = ops.masked(on, lambda: load_src(local), 0)
+        return ops.where(on, value, load_x(index))
+
+    return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), inner_fn, list(size),
+                                      origins=origins_of(x, src) | {"diagonal_scatter"},
+                                      stride_order=common_layout_hint([x], len(size))))

@@ -1,0 +1,96 @@
+"""slice_scatter and diagonal_scatter (lowering/views.py): functionalization turns every slice
+or diagonal assignment (``y[:, a:b] = v``, ``y.diagonal().fill_(0)``, a KV cache's update, the
+border copies of a circular pad) into one. Both are pointwise selects, one kernel with what
+surrounds them and no aten fallback; results match eager exactly (the selects only move values)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import check
+
+from minductor import metrics
+
+pytestmark = pytest.mark.usefixtures("cpu_backend")
+
+
+@pytest.mark.parametrize("dim, start, end, step", [
+    (0, 1, 3, 1), (1, None, 2, 1), (1, -3, None, 1), (1, 2, 17, 1), (1, 1, None, 2), (1, 0, 5, 3), (2, -5, -1, 2),
+    (2, 0, 40, 1), (1, 3, 3, 1),
+])
+def test_slice_assignment_is_one_kernel(dim: int, start, end, step: int) -> None:
+    x = torch.randn(4, 9, 40)
+    region = [slice(None)] * 3
+    region[dim] = slice(start, end, step)
+    y = torch.randn_like(x[tuple(region)])
+
+    def fn(x, y):
+        out = x.clone()
+        out[tuple(region)] = y * 2
+        return out + 1
+
+    check(fn, x, y, atol=0, rtol=0)
+    assert not metrics.fallback_ops and metrics.generated_kernel_count == 1
+
+
+@pytest.mark.parametrize("offset, dims", [(0, (0, 1)), (2, (0, 1)), (-1, (1, 2)), (1, (2, 0))])
+def test_diagonal_assignment_is_one_kernel(offset: int, dims: tuple[int, int]) -> None:
+    x = torch.randn(6, 7, 5)
+
+    def fn(x):
+        out = x * 3
+        out.diagonal(offset, *dims).copy_(out.diagonal(offset, *dims).exp())
+        return out
+
+    check(fn, x, atol=1e-6, rtol=1e-6)
+    assert not metrics.fallback_ops and metrics.generated_kernel_count == 1
+
+
+def test_cache_update_writes_into_the_input() -> None:
+    """A KV cache updated in place at a position: the input holds eager's values afterwards."""
+    cache, k = torch.randn(2, 16, 8), torch.randn(2, 1, 8)
+
+    def fn(cache, k):
+        cache[:, 5:6] = k
+        return cache.sum(1)
+
+    mine, theirs = cache.clone(), cache.clone()
+    torch.testing.assert_close(torch.compile(fn, backend="minductor")(mine, k), fn(theirs, k))
+    torch.testing.assert_close(mine, theirs, atol=0, rtol=0)
+    assert not metrics.fallback_ops
+
+
+@pytest.mark.parametrize("shape, pad", [((2, 3, 40), (2, 3)), ((2, 3, 20, 33), (1, 2, 3, 0)), ((1, 2, 5, 6, 7), (1, 1, 2, 2, 0, 3)),
+                                        ((2, 3, 20, 33), (33, 0, 0, 20))])
+def test_circular_pad_matches_eager(shape: tuple[int, ...], pad: tuple[int, ...]) -> None:
+    check(lambda x: F.pad(x, pad, mode="circular"), torch.randn(shape), atol=0, rtol=0)
+    assert not metrics.fallback_ops
+
+
+def test_slice_assignment_gradients() -> None:
+    x, y = torch.randn(5, 12, requires_grad=True), torch.randn(5, 6, requires_grad=True)
+
+    def fn(x, y):
+        out = x * 2
+        out[:, ::2] = y.sin()
+        return out
+
+    out = torch.compile(fn, backend="minductor")(x, y)
+    x2, y2 = x.detach().clone().requires_grad_(), y.detach().clone().requires_grad_()
+    expected = fn(x2, y2)
+    grad = torch.randn_like(out)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(torch.autograd.grad(out, (x, y), grad), torch.autograd.grad(expected, (x2, y2), grad))
+
+
+def test_slice_assignment_with_dynamic_shapes() -> None:
+    def fn(x, y):
+        out = x.clone()
+        out[:, 1:] = y
+        return out
+
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for n in (5, 9):
+        x, y = torch.randn(3, n), torch.randn(3, n - 1)
+        torch.testing.assert_close(compiled(x, y), fn(x, y), atol=0, rtol=0)
+
