@@ -4,12 +4,16 @@ border copies of a circular pad) into one. Both are pointwise selects, one kerne
 surrounds them and no aten fallback; results match eager exactly (the selects only move values)."""
 from __future__ import annotations
 
+import math
+import re
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import check
 
-from minductor import metrics
+from minductor import config, metrics
 
 pytestmark = pytest.mark.usefixtures("cpu_backend")
 
@@ -58,6 +62,38 @@ def test_cache_update_writes_into_the_input() -> None:
     torch.testing.assert_close(torch.compile(fn, backend="minductor")(mine, k), fn(theirs, k))
     torch.testing.assert_close(mine, theirs, atol=0, rtol=0)
     assert not metrics.fallback_ops
+
+
+def test_cache_update_writes_only_the_slice(tmp_path: Path) -> None:
+    """The copy back into the cache loops over the slice (2 x 1 x 8 elements), not the cache."""
+    cache, k = torch.randn(2, 16, 8), torch.randn(2, 1, 8)
+
+    def fn(cache, k):
+        cache[:, 5:6] = k * 2
+        return cache.sum(1)
+
+    mine, theirs = cache.clone(), cache.clone()
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        torch.testing.assert_close(torch.compile(fn, backend="minductor")(mine, k), fn(theirs, k))
+    torch.testing.assert_close(mine, theirs, atol=0, rtol=0)
+    (copy,) = [p for p in tmp_path.glob("graph_*/*_fused_copy_*") if p.suffix in (".cpp", ".py")]
+    if copy.suffix == ".py":  # Triton: the kernel's element count
+        assert "xnumel = 16\n" in copy.read_text(), copy.read_text()
+    else:
+        bounds = [int(b) for b in re.findall(r"for \(int64_t xo\d+ = 0; xo\d+ < (\d+);", copy.read_text())]
+        assert math.prod(bounds) == 16, copy.read_text()
+
+
+def test_cache_shift_reads_the_old_values() -> None:
+    """The right side reads the cache it is written into: it is computed first, as eager's copy."""
+    def fn(cache):
+        cache[:, 1:] = cache[:, :-1].clone()
+        return cache * 1
+
+    cache = torch.randn(2, 16, 8)
+    mine, theirs = cache.clone(), cache.clone()
+    torch.testing.assert_close(torch.compile(fn, backend="minductor")(mine), fn(theirs), atol=0, rtol=0)
+    torch.testing.assert_close(mine, theirs, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("shape, pad", [((2, 3, 40), (2, 3)), ((2, 3, 20, 33), (1, 2, 3, 0)), ((1, 2, 5, 6, 7), (1, 1, 2, 2, 0, 3)),

@@ -5,6 +5,8 @@ All are lazy index remaps (``make_view``); on realized storage they fold to zero
 """
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -341,6 +343,29 @@ def slice_scatter(x: TensorBox, src: TensorBox, dim: int = 0, start: Any = None,
         from minductor.lowering.pointwise import clone
 
         return clone(src)
+    result = _slice_scatter_select(x, src, dim, lo, length, step)
+    SLICE_SCATTERS[result] = SliceScatter(x, src, dim, lo, length, step)
+    return result
+
+
+@dataclasses.dataclass
+class SliceScatter:
+    """What a ``slice_scatter`` result is made of: ``copy_`` of it back into ``base`` (a KV
+    cache's update, as functionalization writes it) only needs to write ``src`` into the slice."""
+
+    base: TensorBox
+    src: TensorBox  # expanded and cast to the slice's shape and dtype
+    dim: int
+    start: Expr
+    length: Expr
+    step: int
+
+
+SLICE_SCATTERS: weakref.WeakKeyDictionary[TensorBox, SliceScatter] = weakref.WeakKeyDictionary()
+
+
+def _slice_scatter_select(x: TensorBox, src: TensorBox, dim: int, lo: Expr, length: Expr, step: int) -> TensorBox:
+    size = x.get_size()
     load_x, load_src = x.make_loader(), src.make_loader()
 
     def inner_fn(index: Sequence[Expr]) -> Any:
