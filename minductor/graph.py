@@ -45,6 +45,7 @@ class GraphLowering(torch.fx.Interpreter):
         self.sizevars = SizeVars(example_inputs)
         self.symbol_inputs: dict[str, sympy.Expr] = {}  # SymInt graph inputs, by placeholder name
         self.dump: Any = None  # the debug dump (debug.GraphDump) when config.debug is on
+        self._order: dict[torch.fx.Node, int] | None = None  # the graph's nodes, numbered in order
 
     def register_buffer(self, buf: Buffer) -> str:
         buf.name = f"buf{len(self.buffers)}"
@@ -92,6 +93,29 @@ class GraphLowering(torch.fx.Interpreter):
         return self.get_buffer(name).get_dtype()
 
     # -- fx.Interpreter hooks -----------------------------------------------------------
+
+    def input_overwritten_here(self, x: TensorBox) -> InputBuffer | None:
+        """The graph input ``x`` is, when the node being lowered computes its new contents, so
+        that the node may write into the input in place rather than into a copy of it: the graph
+        copies the node's result back into the input (``copy_``, an input mutation AOTAutograd
+        keeps in the graph), no later node reads the input itself, and nothing else the node
+        reads reads the input (it would see it half written)."""
+        node = self.current_node
+        sources = [a for a in node.args if isinstance(a, torch.fx.Node) and self.env.get(a) is x]
+        if len(sources) != 1 or sources[0].op != "placeholder" or sources[0].name not in self.graph_inputs:
+            return None
+        source = sources[0]
+        copies = [u for u in node.users if u.target is torch.ops.aten.copy_.default and u.args[:2] == (source, node)]
+        if len(copies) != 1:
+            return None
+        if self._order is None:
+            self._order = {n: i for i, n in enumerate(self.module.graph.nodes)}
+        if any(self._order[u] > self._order[node] for u in source.users if u is not node and u is not copies[0]):
+            return None
+        others = [self.env[a] for a in node.all_input_nodes if a is not source and isinstance(self.env.get(a), TensorBox)]
+        if any(source.name in value_reads(v) for v in others):
+            return None
+        return self.graph_inputs[source.name]
 
     def run_node(self, n: torch.fx.Node) -> Any:
         self.current_node = n
