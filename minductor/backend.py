@@ -38,6 +38,8 @@ _EXTRA_DECOMPOSITIONS = [
     aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit,
     aten.native_group_norm, aten.addcdiv, aten.lerp, aten.sigmoid_backward, aten.tanh_backward,
     aten.silu_backward, aten.gelu_backward, aten.mse_loss_backward, aten.std, aten.logit,
+    # (aten fallbacks before, breaking fusion: F.normalize, cosine_similarity, clip_grad_norm_)
+    aten.linalg_vector_norm, aten.tril_indices, aten.triu_indices,
 ]
 # real decompositions (not CompositeImplicitAutograd passthroughs) that core_aten_decompositions()
 # adds to the explicit post-autograd table

@@ -417,3 +417,41 @@ def test_batch_norm_statistics_take_two_passes(tmp_path, layout: str, dtype: tor
     torch.testing.assert_close(got, torch.var_mean(x, (0, 2, 3), correction=0))
     code = next(tmp_path.glob("graph_*/output_code.py")).read_text()
     assert "welford_reduce" not in code, code  # (the reduction type names the kernels)
+
+
+@pytest.mark.parametrize("ord", [2, 1, 0, 3, 0.5, float("inf"), float("-inf")])
+@pytest.mark.parametrize("dim, keepdim", [(None, False), (1, True), ((0, 2), False)])
+def test_vector_norms_are_fused_reductions(ord: float, dim: Any, keepdim: bool) -> None:
+    """``torch.linalg.vector_norm`` (F.normalize, cosine_similarity, clip_grad_norm_) is a
+    reduction of our own, not an aten fallback; zeros and signs included."""
+    from minductor import metrics
+
+    x = torch.randn(6, 33, 5)
+    x[0, :3] = 0.0
+    check(lambda x: torch.linalg.vector_norm(x, ord, dim, keepdim) * 2, x, rtol=1e-5, atol=1e-5)
+    assert not metrics.fallback_ops, metrics.fallback_ops
+
+
+def test_norm_based_functions_and_their_gradients() -> None:
+    from minductor import metrics
+
+    torch.manual_seed(88)  # (a seed where half's rounding of b's gradient differs most from eager's: 7e-4)
+    a, b = torch.randn(16, 40, requires_grad=True), torch.randn(16, 40, requires_grad=True)
+
+    def fn(a, b):
+        return F.cosine_similarity(a, b) + F.normalize(a, dim=0).sum(0)[:16] + torch.linalg.vector_norm(b.half(), dtype=torch.float32)
+
+    out = torch.compile(fn, backend="minductor")(a, b)
+    a2, b2 = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    expected = fn(a2, b2)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    (ga, gb), (ga2, gb2) = torch.autograd.grad(out.sum(), (a, b)), torch.autograd.grad(expected.sum(), (a2, b2))
+    torch.testing.assert_close(ga, ga2, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(gb, gb2, rtol=2e-3, atol=2e-3)  # (through b.half(): half's rounding)
+    assert "aten.linalg_vector_norm" not in metrics.fallback_ops
+
+
+@pytest.mark.parametrize("offset", [0, 2, -3])
+def test_triangle_indices_select_rows(offset: int) -> None:
+    x = torch.randn(9, 7)
+    check(lambda x: x[tuple(torch.tril_indices(9, 7, offset))] + x[tuple(torch.triu_indices(9, 7, offset))].sum(), x)
