@@ -30,7 +30,7 @@ import torch
 
 from minductor.codegen.common import CodeBuffer, cpp_index, indent_of
 from minductor.codegen.cpp_ops import INLINE_MATH
-from minductor.codegen.cpp_windows import stage_window_gathers
+from minductor.codegen.cpp_windows import stage_window_gathers, window_sizes
 from minductor.codegen.loop_shapes import SMALL_INNER_CHUNK, line_step
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
 
@@ -39,7 +39,7 @@ Expr = sympy.Expr
 # innermost loops at most this long get tables (16 KB of floats each, on the stack): a 1-D
 # linear upsample to 2048 columns computed its source indices and weights per element, in
 # every row (its kernel 2.8 ms at (1, 1024, 1024); eager 0.82 for the whole call)
-MAX_INNER = 4096
+MAX_INNER = 16384
 MAX_TABLES = 8
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
 # a call, templated or not (``mi_maximum<decltype(tmp11)>(...)``: comparisons are spaced, so a
@@ -80,7 +80,11 @@ def hoist_inner_invariants(kernel: Any, code: CodeBuffer, start: int, inner: str
     if size > MAX_INNER:
         return 0
     body_defs = {m.group(1): m.group(2) for line in kernel.body.lines if (m := _DEF.match(line))}
-    if not any(_costly(e) for e in body_defs.values()):
+    # an index a load reads through, and its bounds check, are worth a table however cheap
+    # where window gathers read through tables (cpp_windows.py): a reflect pad's |i - 3|
+    indices = set(kernel.indirect_sizes) if window_sizes() else set()
+    indices |= {m.group(1) for line in kernel.body.lines if (m := _CHECK.match(line.strip())) and indices}
+    if not indices and not any(_costly(e) for e in body_defs.values()):
         return 0  # the common case: nothing worth a table
     definitions = {v: e for e, v in kernel.cse.cache.items()}
     closures = {v: c for v in body_defs if (c := _tableable(kernel, v, inner, definitions)) is not None}
@@ -93,7 +97,11 @@ def hoist_inner_invariants(kernel: Any, code: CodeBuffer, start: int, inner: str
         if m and m.group(1) in closures:
             continue
         used_outside |= {n for n in _IDENT.findall(line) if n in closures}
-    roots = [v for v in sorted(used_outside, key=lambda v: int(v[3:])) if any(_costly(e) for _, e in closures[v])]
+    def worth(v: str) -> bool:  # (an index read from memory scatters too much for a window)
+        exprs = [e for _, e in closures[v]]
+        return any(_costly(e) for e in exprs) or (v in indices and not any("in_ptr" in e for e in exprs))
+
+    roots = [v for v in sorted(used_outside, key=lambda v: int(v[3:])) if worth(v)]
     roots = roots[:MAX_TABLES]
     if not roots:
         return 0
