@@ -149,7 +149,9 @@ def hoist_inner_invariants(kernel: Any, code: CodeBuffer, start: int, inner: str
         prologue.writeline(f"int64_t {table}_bad = 0;")
         prologue.writeline(f"for (int64_t {inner} = 0; {inner} < {size}; {inner}++) {table}_bad |= {table}[{inner}] ? 0 : 1;")
     code.lines[start:start] = [indent + line if line else line for line in prologue.lines]
-    stage_window_gathers(kernel, code, start, inner, size)
+    # (indices read from memory scatter where they like: no window for them)
+    computed = {f"mi_table{k}" for k, root in enumerate(roots) if not any("in_ptr" in e for _, e in closures[root])}
+    stage_window_gathers(kernel, code, start, inner, size, computed)
     return len(roots)
 
 
