@@ -41,6 +41,7 @@ Expr = sympy.Expr
 # every row (its kernel 2.8 ms at (1, 1024, 1024); eager 0.82 for the whole call)
 MAX_INNER = 16384
 MAX_TABLES = 8
+TABLE_STACK_BYTES = 512 * 1024  # all of a kernel's tables, on its caller's stack (8 bytes a value at most)
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
 # a call, templated or not (``mi_maximum<decltype(tmp11)>(...)``: comparisons are spaced, so a
 # name right before ``<`` is a template; batch norm's clamp of its variance as a variable kept
@@ -77,7 +78,7 @@ def _tableable(kernel: Any, var: str, inner: str, definitions: dict[str, str]) -
 def hoist_inner_invariants(kernel: Any, code: CodeBuffer, start: int, inner: str, size: int) -> int:
     """Table the costly values of the loop nest written to ``code.lines[start:]`` that depend only
     on the innermost variable ``inner`` (``size`` iterations). Returns how many were tabled."""
-    if size > MAX_INNER:
+    if not 0 < size <= MAX_INNER:
         return 0
     body_defs = {m.group(1): m.group(2) for line in kernel.body.lines if (m := _DEF.match(line))}
     # an index a load reads through, and its bounds check, are worth a table however cheap
@@ -102,7 +103,7 @@ def hoist_inner_invariants(kernel: Any, code: CodeBuffer, start: int, inner: str
         return any(_costly(e) for e in exprs) or (v in indices and not any("in_ptr" in e for e in exprs))
 
     roots = [v for v in sorted(used_outside, key=lambda v: int(v[3:])) if worth(v)]
-    roots = roots[:MAX_TABLES]
+    roots = roots[:max(1, min(MAX_TABLES, TABLE_STACK_BYTES // (8 * size)))]
     if not roots:
         return 0
     indent = re.match(r"\s*", code.lines[start]).group(0)

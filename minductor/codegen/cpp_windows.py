@@ -31,6 +31,8 @@ from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index, i
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
 from minductor.runtime.cache import avx512_enabled, native_enables
 
+# a loop's window buffers, on each thread's stack (a bicubic upsample reads 16 windows a row)
+WINDOW_STACK_BYTES = 256 * 1024
 _TABLE = re.compile(r"^\s*alignas\(64\) int32_t (mi_table\d+)\[\d+\];$")
 _DEF = re.compile(r"^\s*auto (tmp\d+) = ")
 _ACCESS = re.compile(r"\b(?:in|out|in_out)_ptr\d+\[([^\]]*)\]")
@@ -62,6 +64,7 @@ def stage_window_gathers(kernel: Any, code: CodeBuffer, start: int, inner: str, 
     staged: list[str] = []
     plans: dict[str, set[int]] = {}
     done: set[str] = set()
+    stack_bytes = 0
     written = {arg for arg, _, _ in kernel.body_stores}
     for arg, index, dtype in kernel.body_loads:
         if not arg.startswith("in_ptr") or arg in written:  # (a scatter reads what it updates)
@@ -74,6 +77,9 @@ def stage_window_gathers(kernel: Any, code: CodeBuffer, start: int, inner: str, 
         access = f"{arg}[{cpp_index(simplify_index(index, kernel.range_of))}]"
         if coeffs is None or coeffs[via[0]] != 1 or access in done:
             continue
+        if stack_bytes + size * dtype.itemsize > WINDOW_STACK_BYTES:
+            continue
+        stack_bytes += size * dtype.itemsize
         window, table = f"mi_window{len(done)}", reads[str(via[0])]
         rows = [i for i in range(loop, end) if access in code.lines[i]]
         if not rows:
