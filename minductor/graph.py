@@ -95,11 +95,11 @@ class GraphLowering(torch.fx.Interpreter):
     # -- fx.Interpreter hooks -----------------------------------------------------------
 
     def input_overwritten_here(self, x: TensorBox) -> InputBuffer | None:
-        """The graph input ``x`` is, when the node being lowered computes its new contents, so
-        that the node may write into the input in place rather than into a copy of it: the graph
-        copies the node's result back into the input (``copy_``, an input mutation AOTAutograd
-        keeps in the graph), no later node reads the input itself, and nothing else the node
-        reads reads the input (it would see it half written)."""
+        """The buffer of ``x`` if ``x`` is a graph input the node being lowered may update in
+        place instead of in a copy: the graph copies the node's result back into the input
+        (``copy_``, an input mutation AOTAutograd keeps in the graph), no later node reads the
+        input itself, and nothing else the node reads reads the input (it would see it half
+        written)."""
         node = self.current_node
         sources = [a for a in node.args if isinstance(a, torch.fx.Node) and self.env.get(a) is x]
         if len(sources) != 1 or sources[0].op != "placeholder" or sources[0].name not in self.graph_inputs:
@@ -447,9 +447,6 @@ def _run_aten_graph(gm: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:
     return call
 
 
-__all__ = ["GraphLowering", "ReinterpretView", "compile_graph", "sympy"]
-
-
 def lazy_storage(value: TensorBox) -> StorageBox | None:
     """The storage of ``value`` (through its views) if it is still a lazy loop body."""
     from minductor.ir.nodes import Loops
@@ -479,3 +476,6 @@ def value_reads(value: TensorBox) -> set[str]:
     with V.set_ops(recorder):
         value.make_loader()(index)
     return set(recorder.rw.read_names())
+
+
+__all__ = ["GraphLowering", "ReinterpretView", "compile_graph", "sympy"]
