@@ -58,15 +58,24 @@ class GraphLowering(torch.fx.Interpreter):
             return self.name_to_buffer[name]
         return self.graph_inputs[name]
 
-    def realize_pending_readers(self, name: str, keep: TensorBox | None = None) -> None:
+    def realize_pending_readers(self, name: str) -> None:
         """Before ``name`` is mutated, compute every still-needed lazy value that reads it,
-        so it sees the old contents (lazy bodies are evaluated where they are used); all but
-        ``keep``, which the mutation itself replaces."""
+        so it sees the old contents (lazy bodies are evaluated where they are used)."""
+        from minductor.ir.nodes import Loops
+        from minductor.scheduler.deps import RecordingHandler
+
         for node, value in self.env.items():
-            if not isinstance(value, TensorBox) or value is keep or all(user in self.env for user in node.users):
+            if not isinstance(value, TensorBox) or all(user in self.env for user in node.users):
                 continue
-            storage = lazy_storage(value)
-            if storage is not None and name in lazy_reads(storage):
+            storage = value.data
+            while not isinstance(storage, StorageBox) and hasattr(storage, "base"):
+                storage = storage.base
+            if not isinstance(storage, StorageBox) or not isinstance(storage.data, Loops):
+                continue
+            recorder = RecordingHandler({})
+            with V.set_ops(recorder):
+                storage.data._run_for_count()
+            if name in recorder.rw.read_names():
                 storage.realize()
 
     def register_callable(self, fn: Any, hint: str) -> str:
@@ -113,7 +122,7 @@ class GraphLowering(torch.fx.Interpreter):
         if any(self._order[u] > self._order[node] for u in source.users if u is not node and u is not copies[0]):
             return None
         others = [self.env[a] for a in node.all_input_nodes if a is not source and isinstance(self.env.get(a), TensorBox)]
-        if any(source.name in value_reads(v) for v in others):
+        if any(source.name in _value_reads(v) for v in others):
             return None
         return self.graph_inputs[source.name]
 
@@ -447,27 +456,7 @@ def _run_aten_graph(gm: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:
     return call
 
 
-def lazy_storage(value: TensorBox) -> StorageBox | None:
-    """The storage of ``value`` (through its views) if it is still a lazy loop body."""
-    from minductor.ir.nodes import Loops
-
-    storage = value.data
-    while not isinstance(storage, StorageBox) and hasattr(storage, "base"):
-        storage = storage.base
-    return storage if isinstance(storage, StorageBox) and isinstance(storage.data, Loops) else None
-
-
-def lazy_reads(storage: StorageBox) -> set[str]:
-    """The buffers a lazy loop body reads."""
-    from minductor.scheduler.deps import RecordingHandler
-
-    recorder = RecordingHandler({})
-    with V.set_ops(recorder):
-        storage.data._run_for_count()
-    return set(recorder.rw.read_names())
-
-
-def value_reads(value: TensorBox) -> set[str]:
+def _value_reads(value: TensorBox) -> set[str]:
     """The buffers reading one element of ``value`` reads (through views and lazy bodies)."""
     from minductor.scheduler.deps import RecordingHandler
 

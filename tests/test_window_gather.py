@@ -39,11 +39,21 @@ def test_nearest_resize_matches_eager_bit_for_bit(dtype: torch.dtype, shape: tup
         assert "mi_window_gather(" in source, source
 
 
+@pytest.fixture
+def float_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Window gathers of 4-byte values, on any CPU: the header's permutations are GCC vector
+    extensions, correct on every ISA (where none is one instruction, only slower)."""
+    from minductor.codegen import cpp_rewrites, cpp_windows
+
+    sizes = window_sizes() | {4}
+    monkeypatch.setattr(cpp_windows, "window_sizes", lambda: sizes)
+    monkeypatch.setattr(cpp_rewrites, "window_sizes", lambda: sizes)
+
+
+@pytest.mark.usefixtures("float_windows")
 def test_window_reads_each_row_through_a_plan_made_once(tmp_path: Path) -> None:
     """The plan is made before the loops, once per table; the rows' reads stage into a buffer
     before the innermost loop, which reads the buffer and gathers nothing."""
-    if 4 not in window_sizes():
-        pytest.skip("this CPU has no one-instruction permutation of 4-byte lanes (AVX2 or AVX-512)")
     x = torch.randn(2, 8, 20, 48)
     source = _source(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), x, tmp_path=tmp_path, exact=False)
     loops = source[source.index("#pragma omp parallel"):]
@@ -54,13 +64,12 @@ def test_window_reads_each_row_through_a_plan_made_once(tmp_path: Path) -> None:
     assert "in_ptr0[" not in inner, inner
 
 
+@pytest.mark.usefixtures("float_windows")
 @pytest.mark.parametrize("fast", [True, False])
 def test_window_gathers_keep_the_loop_vectorized_whatever_the_gather_speed(fast: bool, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Where gather instructions do not pay off, loops with gathers lose their `omp simd`; a loop
     whose gathers are all window gathers keeps it."""
-    if 4 not in window_sizes():
-        pytest.skip("this CPU has no one-instruction permutation of 4-byte lanes (AVX2 or AVX-512)")
     monkeypatch.setattr(cpp_unit, "vector_gathers_pay_off", lambda: fast)
     x = torch.randn(3, 4, 11 + fast, 37)  # (a shape of its own: no graph compiled under the other rule)
     source = _source(lambda x: F.interpolate(x, scale_factor=2) * 2, x, tmp_path=tmp_path)
@@ -103,12 +112,11 @@ def test_an_index_read_from_memory_is_not_tabled(tmp_path: Path) -> None:
     assert "mi_window_gather(" not in source and "mi_table" not in source, source
 
 
+@pytest.mark.usefixtures("float_windows")
 def test_a_resampling_loop_streams_its_output_and_a_blending_one_does_not(tmp_path: Path) -> None:
     """With no gather left, a loop that moves one window read per output streams its large
     output (nearest: its kernel 2.6 -> 1.8 ms at (8, 64, 128, 128)); one that blends four
     window reads keeps plain stores (bilinear streamed: 5.2 -> 6.3 ms)."""
-    if 4 not in window_sizes():
-        pytest.skip("this CPU has no one-instruction permutation of 4-byte lanes (AVX2 or AVX-512)")
     x = torch.randn(2, 4, 24, 40)
     with config.patch(stream_store_min_bytes=1024):
         nearest = _source(lambda x: F.interpolate(x, scale_factor=2), x, tmp_path=tmp_path / "nearest")

@@ -63,6 +63,7 @@ def interior(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> In
         return None
     defined = {line.split(" = ", 1)[0].removeprefix("auto ").strip() for line in lines if line.lstrip().startswith("auto ")}
     tests: dict[sympy.Symbol, list[tuple[str, int, int]]] = {}  # variable -> (name, a, b): a v + b >= 0
+    extents: dict[sympy.Symbol, int] = {}
     for name, expr in kernel.index_tests.items():
         if name not in defined or len(expr.free_symbols) != 1 or not _is_loop_var(next(iter(expr.free_symbols))):
             continue
@@ -73,10 +74,11 @@ def interior(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> In
         extent = size if v == var else kernel.range_of.get(v)
         if len(coeffs) == 2 and all(c.is_Integer for c in coeffs) and isinstance(extent, sympy.Integer):
             tests.setdefault(v, []).append((name, int(coeffs[0]), int(coeffs[1])))
+            extents[v] = int(extent)
     values: dict[str, bool] = {}
     pieces: dict[sympy.Symbol, tuple[int, int]] = {}
     for v, on_v in tests.items():
-        extent = int(size if v == var else kernel.range_of[v])
+        extent = extents[v]
         # a > 0: true from ceil(-b / a) on; a < 0: true up to floor(b / -a)
         cuts = {0, extent} | {min(max(-(b // a) if a > 0 else b // -a + 1, 0), extent) for _, a, b in on_v}
         ends = sorted(cuts)
@@ -89,7 +91,7 @@ def interior(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> In
         return None
     lo, hi = pieces.pop(var, (0, int(size)))
     guards = [g for v, (a, b) in pieces.items() for g in ([f"{v} >= {a}"] if a > 0 else []) +
-              ([f"{v} < {b}"] if b < int(kernel.range_of[v]) else [])]
+              ([f"{v} < {b}"] if b < extents[v] else [])]
     new_lines = []
     for line in lines:
         stripped = line.lstrip()

@@ -83,8 +83,10 @@ def hoist_inner_invariants(kernel: Any, code: CodeBuffer, start: int, inner: str
     body_defs = {m.group(1): m.group(2) for line in kernel.body.lines if (m := _DEF.match(line))}
     # an index a load reads through, and its bounds check, are worth a table however cheap
     # where window gathers read through tables (cpp_windows.py): a reflect pad's |i - 3|
-    indices = set(kernel.indirect_sizes) if window_sizes() else set()
-    indices |= {m.group(1) for line in kernel.body.lines if (m := _CHECK.match(line.strip())) and indices}
+    indices: set[str] = set()
+    if window_sizes() and kernel.indirect_sizes:
+        checks = {m.group(1) for line in kernel.body.lines if (m := _CHECK.match(line.strip()))}
+        indices = set(kernel.indirect_sizes) | checks
     if not indices and not any(_costly(e) for e in body_defs.values()):
         return 0  # the common case: nothing worth a table
     definitions = {v: e for e, v in kernel.cse.cache.items()}

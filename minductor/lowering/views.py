@@ -5,8 +5,6 @@ All are lazy index remaps (``make_view``); on realized storage they fold to zero
 """
 from __future__ import annotations
 
-import dataclasses
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -343,25 +341,29 @@ def slice_scatter(x: TensorBox, src: TensorBox, dim: int = 0, start: Any = None,
         from minductor.lowering.pointwise import clone
 
         return clone(src)
-    result = _slice_scatter_select(x, src, dim, lo, length, step)
-    SLICE_SCATTERS[result] = SliceScatter(x, src, dim, lo, length, step)
-    return result
+    target = V.graph.input_overwritten_here(x)
+    if target is not None:
+        return _write_slice(x, target, src, dim, lo, step)
+    return _slice_scatter_select(x, src, dim, lo, length, step)
 
 
-@dataclasses.dataclass
-class SliceScatter:
-    """What a ``slice_scatter`` result is made of: ``copy_`` of it back into ``base`` (a KV
-    cache's update, as functionalization writes it) only needs to write ``src`` into the slice."""
+def _write_slice(x: TensorBox, target: Any, src: TensorBox, dim: int, lo: Expr, step: int) -> TensorBox:
+    """Write ``src`` into the slice of the graph input ``x`` in place: the graph copies the
+    result back into ``x`` (a KV cache's update, ``cache[:, pos] = k``), so only the slice
+    changes (the whole cache, computed anew and copied back, made a decoding step's update 4.4
+    ms for a (16, 2048, 512) cache instead of eager's 9 us)."""
+    from minductor.lowering.scatter import _mutate
 
-    base: TensorBox
-    src: TensorBox  # expanded and cast to the slice's shape and dtype
-    dim: int
-    start: Expr
-    length: Expr
-    step: int
+    V.graph.realize_pending_readers(target.name)
+    load, indexer = src.make_loader(), target.layout.make_indexer()
 
+    def body(index: Sequence[Expr]) -> None:
+        at = list(index)
+        at[dim] = index[dim] * step + lo
+        ops.store(target.name, indexer(at), load(index))
 
-SLICE_SCATTERS: weakref.WeakKeyDictionary[TensorBox, SliceScatter] = weakref.WeakKeyDictionary()
+    _mutate(target, src.get_size(), body, "copy_")  # (the input mutation's write-back)
+    return x
 
 
 def _slice_scatter_select(x: TensorBox, src: TensorBox, dim: int, lo: Expr, length: Expr, step: int) -> TensorBox:
