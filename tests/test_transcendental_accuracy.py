@@ -45,6 +45,7 @@ FNS = {
     "mish": (torch.nn.functional.mish, lambda x: x),
     "elu": (torch.nn.functional.elu, lambda x: x),
     "logsigmoid": (torch.nn.functional.logsigmoid, lambda x: x),
+    "lgamma": (torch.lgamma, lambda x: x),  # poles at 0 and the negative integers in the sweep
 }
 
 

@@ -183,7 +183,7 @@ class CppOps:
         return self._cse(f"mi_signbit({x})")
 
     def lgamma(self, x: str) -> str:
-        return self._cse(f"mi_c_lgamma({x})")
+        return self._cse(f"mi_lgamma({x})")
 
     # binary ------------------------------------------------------------------------------
     def add(self, a: str, b: str) -> str:

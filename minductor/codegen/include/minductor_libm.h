@@ -19,6 +19,71 @@ MI_MATH float mi_log1p(float x) {
 }
 static inline double mi_log1p(double x) { return __builtin_log1p(x); }
 
+// lgamma(2 + z) for |z| <= 0.5: its Taylor series about 2, (1 - gamma) z + sum_k (-1)^k
+// (zeta(k) - 1) / k z^k, to z^13 (remainder below 2e-9)
+MI_MATH float mi_lgamma2p(float z) {
+    float p = -9.4394882752683959e-06f;
+    p = MI_MAD(p, z, 2.0507212775670692e-05f);
+    p = MI_MAD(p, z, -4.4926236738133142e-05f);
+    p = MI_MAD(p, z, 9.9457512781808534e-05f);
+    p = MI_MAD(p, z, -2.2315475845357938e-04f);
+    p = MI_MAD(p, z, 5.0966952474304242e-04f);
+    p = MI_MAD(p, z, -1.1927539117032610e-03f);
+    p = MI_MAD(p, z, 2.8905103307415233e-03f);
+    p = MI_MAD(p, z, -7.3855510286739853e-03f);
+    p = MI_MAD(p, z, 2.0580808427784548e-02f);
+    p = MI_MAD(p, z, -6.7352301053198095e-02f);
+    p = MI_MAD(p, z, 3.2246703342411322e-01f);
+    p = MI_MAD(p, z, 4.2278433509846714e-01f);
+    return p * z;
+}
+// lgamma(t) for t >= 0.5 (NaN and +inf pass). Below 8 from lgamma(2 + z): under 1.5 as
+// lgamma(2 + z) - log(t) with z = t - 1 (exact), from 2.5 on by lgamma(t) = lgamma(t - n) +
+// log((t - 1) ... (t - n)) (every t - k exact); Stirling's series from 8 on.
+MI_MATH float mi_lgamma_half_up(float t) {
+    float y = t, p = 1.0f;
+    #pragma GCC unroll 6
+    for (int k = 0; k < 6; k++) {
+        bool down = y >= 2.5f;
+        p = down ? p * (y - 1.0f) : p;
+        y = down ? y - 1.0f : y;
+    }
+    bool low = t < 1.5f, big = t >= 8.0f;
+    float z = low ? t - 1.0f : y - 2.0f;
+    float lt = mi_log(low || big ? t : p);
+    float series = mi_lgamma2p(z) + (low ? -lt : lt);
+    float w = 1.0f / t, w2 = w * w;
+    float tail = w * (8.3333333333e-2f - w2 * (2.7777777778e-3f - w2 * 7.9365079365e-4f));
+    float stirling = MI_MAD(t - 0.5f, lt - 1.0f, 0.41893853320467274f) + tail;  // 0.5 log(2 pi) - 0.5
+    return big ? stirling : series;
+}
+// lgamma(x), within float32 tolerances of float64's over the whole line (relative 4e-7 for
+// x > 0). libm's lgammaf is a scalar call that also writes the global signgam from every thread:
+// an elementwise lgamma of 4M floats took 26 ms against eager's 5.7. Below 0.5 by reflection,
+// lgamma(x) = log(pi / |sin(pi x)|) - lgamma(1 - x), sin(pi x) from x's distance s to the
+// nearest integer (exact; a Taylor series in s to s^13); +inf at 0, the negative integers and
+// +-inf.
+MI_MATH float mi_lgamma(float x) {
+    float ax = __builtin_fabsf(x);
+    float frac = ax - __builtin_floorf(ax);
+    float s = frac < 0.5f ? frac : 1.0f - frac, s2 = s * s;
+    float sinc = 1.48428793031071004e-4f;  // sin(pi s) / (pi s)
+    sinc = MI_MAD(sinc, s2, -2.34608103545582364e-3f);
+    sinc = MI_MAD(sinc, s2, 2.61478478176548005e-2f);
+    sinc = MI_MAD(sinc, s2, -1.90751824122084214e-1f);
+    sinc = MI_MAD(sinc, s2, 8.11742425283353644e-1f);
+    sinc = MI_MAD(sinc, s2, -1.64493406684822644f);
+    sinc = MI_MAD(sinc, s2, 1.0f);
+    bool reflect = x < 0.5f;
+    float pos = mi_lgamma_half_up(reflect ? 1.0f - x : x);
+    // log(pi / sin(pi s)) as -log(sinc s): finite down to the smallest subnormal s, +inf at s = 0
+    float out = reflect ? -mi_log(sinc * s) - pos : pos;
+    out = reflect && s == 0.0f ? __builtin_inff() : out;
+    out = ax == __builtin_inff() ? ax : out;
+    return x != x ? x : out;
+}
+static inline double mi_lgamma(double x) { return __builtin_lgamma(x); }
+
 // e^x - 1: its Taylor series to x^9 for |x| < 0.5 (truncation < 6e-10 relative), e^x - 1 beyond
 MI_MATH float mi_expm1(float x) {
     float p = 2.7557319224e-6f;

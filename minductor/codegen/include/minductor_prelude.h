@@ -114,7 +114,7 @@ static inline void mi_stream_fence() {
     static inline double mi_c_##name(double x, double y) { return __builtin_##name(x, y); }
 MI_UNARY(sqrt)
 MI_UNARY(floor) MI_UNARY(ceil)
-MI_UNARY(trunc) MI_UNARY(nearbyint) MI_UNARY(lgamma) MI_UNARY(fabs)
+MI_UNARY(trunc) MI_UNARY(nearbyint) MI_UNARY(fabs)
 MI_BINARY(copysign) MI_BINARY(nextafter) MI_BINARY(fmod) MI_BINARY(pow)
 
 #define MI_MAX_THREADS 256
