@@ -58,14 +58,18 @@ class GraphLowering(torch.fx.Interpreter):
             return self.name_to_buffer[name]
         return self.graph_inputs[name]
 
-    def realize_pending_readers(self, name: str) -> None:
+    def realize_pending_readers(self, name: str, source: TensorBox | None = None) -> None:
         """Before ``name`` is mutated, compute every still-needed lazy value that reads it,
-        so it sees the old contents (lazy bodies are evaluated where they are used)."""
+        so it sees the old contents (lazy bodies are evaluated where they are used).
+        ``source``: the value the mutation writes, left lazy when the mutation is all that still
+        needs it (it is computed inside the mutating kernel, reading the old contents)."""
         from minductor.ir.nodes import Loops
         from minductor.scheduler.deps import RecordingHandler
 
         for node, value in self.env.items():
             if not isinstance(value, TensorBox) or all(user in self.env for user in node.users):
+                continue
+            if value is source and all(user in self.env or user is self.current_node for user in node.users):
                 continue
             storage = value.data
             while not isinstance(storage, StorageBox) and hasattr(storage, "base"):

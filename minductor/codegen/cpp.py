@@ -32,12 +32,15 @@ from minductor.codegen.cpp_interior import emit_innermost
 from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
 from minductor.codegen.cpp_stream import (
     emit_chunk_loop,
-    open_chunks,
     fence_parallel_region,
+    hoist_flat_invariants,
+    open_chunks,
     lane_loop,
     streamable_writes,
 )
-from minductor.codegen.cpp_rows import declare_rows, exact_rows, fold_into_reductions, free_rows, register_results, row_offset
+from minductor.codegen.cpp_rows import (
+    declare_rows, exact_rows, fold_into_reductions, forwarded_results, free_rows, register_results, row_offset,
+)
 from minductor.codegen.cpp_rewrites import (
     LoopShape,
     hoist_inner_invariants,
@@ -138,6 +141,7 @@ class CppKernel:
         self.internal: frozenset[str] = frozenset()  # written here, read nowhere else (wrapper)
         self.written_over: dict[str, str] = {}  # output -> dying input whose storage it takes (wrapper)
         self.local: dict[str, str] = {}  # of those, kept in a per-iteration local: name -> C++ name
+        self.forwarded: dict[str, dict[str, str]] = {}  # or in registers: name -> {index: value}
         self.row_candidates: dict[str, int | Expr] = {}  # of those, what may live in a row scratch (row_scratch_buffers)
         self.rows: dict[str, tuple[str, int | Expr]] = {}  # of those, kept in a row scratch: name -> (array, elements)
 
@@ -156,6 +160,8 @@ class CppKernel:
         dtype = V.graph.get_dtype(name)
         if name in self.local:
             return self.cse.generate(self.body, from_storage(dtype, f"{self.local[name]}[0]"))
+        if name in self.forwarded:  # (stored earlier in this iteration: forwarded_results)
+            return self.forwarded[name][self.index_str(index)]
         if name in self.rows:
             at = self.index_str(row_offset(index, len(self.group.outer)))
             return self.cse.generate(self.body, from_storage(dtype, f"{self.rows[name][0]}[{at}]"))
@@ -175,6 +181,9 @@ class CppKernel:
         dtype = V.graph.get_dtype(name)
         if mode is None and self.rounded.get(value, (None,))[0] == dtype:
             value = self.rounded[value][1]  # (the conversion to 16 bits rounds it alike)
+        if name in self.forwarded:  # the value as a store and a load would give it back
+            self.forwarded[name][self.index_str(index)] = self.cse.generate(self.body, from_storage(dtype, to_storage(dtype, value)))
+            return
         if name in self.local:
             assert mode is None, "locals hold reduction results only"
             buffer.writeline(f"{self.local[name]}[0] = {to_storage(dtype, value)};")
@@ -361,6 +370,9 @@ class CppKernel:
                 self.local = {b: f"mi_local{i}" for i, b in enumerate(register_results(self.group, self.internal))}
                 self.rows = {b: (f"mi_row{i}", numel) for i, (b, numel) in enumerate(self.row_candidates.items())}
                 loops = fold_into_reductions(loops, exact_rows(self.group, self.rows))
+            elif self.tile_var is None:
+                taken = set(self.written_over) | set(self.written_over.values())  # (storage planned already)
+                self.forwarded = {b: {} for b in forwarded_results(self.group, self.internal) if b not in taken}
             self.emit_outer(code, merged_outer, loops, parallel)
         return self.render(code)
 
@@ -423,6 +435,8 @@ class CppKernel:
                             lambda body: self.emit_loop(body, outer, loops[0]))
         elif len(loops) == 1:
             self.emit_loop(code, outer, loops[0])
+            if n == 1 and pure_pointwise and not defer and outer.sizes[0].is_Integer and outer.sizes[0] > 0:
+                hoist_flat_invariants(code, start, str(outer.variables[0]))
             inner_size = outer.sizes[-1] if n else None
             if pure_pointwise and n >= 2 and self.tile_var is None and isinstance(inner_size, sympy.Integer):
                 hoist_inner_invariants(self, code, start, str(outer.variables[-1]), int(inner_size))

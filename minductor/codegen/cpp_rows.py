@@ -119,6 +119,25 @@ def exact_rows(group: FusedGroup, rows: Iterable[str]) -> set[str]:
     return exact
 
 
+
+def forwarded_results(group: FusedGroup, internal: Iterable[str]) -> list[str]:
+    """Internal buffers of a one-loop pointwise kernel that later nodes read only at the element
+    the same iteration stores: the stored value goes to them in a register instead (no store,
+    no allocation). A result realized for two readers and fused with both (a moment an
+    optimizer step stores and reads for the parameter's update) was written and read back."""
+    internal, n_outer = set(internal), len(group.outer)
+    found = []
+    for pos, node in enumerate(group.nodes):
+        name = node.node.name
+        if name not in internal or node.is_reduction() or node.node.mutates:
+            continue
+        (write,) = [d for d in node.read_writes.writes if d.name == name]
+        inner = inner_vars(node, n_outer)
+        if isinstance(write, MemoryDep) and reads_only_at(group, name, sympy.expand(write.index), inner, n_outer,
+                                                          range(pos + 1, len(group.nodes))):
+            found.append(name)
+    return found
+
 def register_results(group: FusedGroup, internal: Iterable[str]) -> list[str]:
     """Internal buffers holding one reduction result per outer iteration, read back only at
     that same element by later loop blocks: a local per iteration replaces the buffer (no

@@ -173,6 +173,26 @@ def hoist_invariant_lines(body: list[str], var: str) -> tuple[list[str], list[st
     return hoisted, rest
 
 
+
+def hoist_flat_invariants(code: CodeBuffer, start: int, var: str) -> None:
+    """Run the invariant lines (``hoist_invariant_lines``) of the one flat loop over ``var``
+    written to ``code.lines[start:]`` (its range known not empty) once before it. GCC 12 hoists
+    them itself, except out of loops it then cannot vectorize: AdamW's bias correction,
+    ``pow(beta, step)``, kept the update of a 1024-element bias scalar, 22 us a call."""
+    lines = code.lines
+    head = next((i for i in range(start, len(lines)) if lines[i].strip().startswith(f"for (int64_t {var} = 0;")), None)
+    if head is None:
+        return
+    body = [i for i in range(head + 1, len(lines)) if lines[i].strip() not in ("{", "}")]
+    hoisted, _ = hoist_invariant_lines([lines[i] for i in body], var)
+    if not hoisted:
+        return
+    at = head - 1 if lines[head - 1].strip().startswith("#pragma omp") else head
+    indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
+    moved = {i for i in body if lines[i] in hoisted}
+    kept = [line for i, line in enumerate(lines[at:], start=at) if i not in moved]
+    lines[at:] = [indent + line.strip() for line in hoisted] + kept
+
 def simd_loop_hoisting(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, body: list[str]) -> None:
     """``simd_loop`` with the body's invariant lines (``hoist_invariant_lines``) run once before
     it, when the range is not empty. The compiler leaves cheap invariants in the loop, and GCC

@@ -14,6 +14,7 @@ from minductor.codegen.common import cpp_index
 from minductor.ir.indexing import FloorDiv, ModularIndexing, affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.runtime.cache import avx512_enabled
 from minductor.scheduler.deps import MemoryDep, StarDep
+from minductor.scheduler.fusion import reads_only_where_it_writes
 from minductor.scheduler.nodes import PARALLEL_THRESHOLD, FusedGroup, SchedulerNode
 from minductor.virtualized import V
 
@@ -187,7 +188,9 @@ def mutation_loops(group: FusedGroup, dims: MergedDims) -> tuple[bool, int, bool
     place. Loops over dims it writes apart (``ComputedBuffer.write_apart``: the rows of a
     scatter along dim 1, the feature columns of an ``index_add`` along dim 0) may run in
     parallel (its combining store reads the target only at the element it writes). A plain
-    store into a buffer it does not read (a cat's slice) runs in parallel."""
+    store into a buffer it does not read (a cat's slice) runs in parallel, and so does one
+    whose kernel reads the buffer only at the element it stores there in the same iteration
+    (an optimizer's in-place update)."""
     muts = [n for n in group.nodes if n.node.mutates]
     scatters = any(n.node.store_mode is not None or any(isinstance(d, StarDep) for d in n.read_writes.writes) for n in muts)
     if scatters:
@@ -195,7 +198,7 @@ def mutation_loops(group: FusedGroup, dims: MergedDims) -> tuple[bool, int, bool
         depth = next((i for i, a in enumerate(apart) if not a), len(apart))
         inner = depth == 0 and len(apart) > 1 and apart[-1] and _chunks(dims.sizes[-1]) > 1
         return True, depth, inner, depth > 0 or inner
-    return False, 0, False, not any(n.node.mutates in n.read_writes.read_names() for n in muts)
+    return False, 0, False, all(reads_only_where_it_writes(group, n) for n in muts)
 
 
 def parallel_decision(work: Expr) -> tuple[bool, str]:

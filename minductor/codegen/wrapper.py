@@ -70,7 +70,7 @@ def codegen_kernel(group: FusedGroup, index: int, internal: frozenset[str] = fro
     if kernel.uses_error_flag:
         call = (f"mi_err = torch.zeros(1, dtype=torch.int64); {name}({', '.join([*call_args, 'mi_err.data_ptr()'])}); "
                 f"check_index_error(mi_err, {name!r})")
-    return KernelCode(name, "cpp", source, call, ".cpp", frozenset(kernel.local) | frozenset(kernel.rows))
+    return KernelCode(name, "cpp", source, call, ".cpp", frozenset(kernel.local) | frozenset(kernel.rows) | frozenset(kernel.forwarded))
 
 
 def _internal_buffers(group: FusedGroup, i: int, last_use: dict[str, int], outputs: set[str]) -> frozenset[str]:

@@ -271,8 +271,11 @@ def copy_(dst: TensorBox, src: Any, non_blocking: bool = False) -> TensorBox:
         raise Unsupported("copy_ into something other than a whole graph input")
     if src is dst:  # (a scatter or slice assignment wrote into the input in place)
         return dst
-    V.graph.realize_pending_readers(target.name)
     size = target.get_size()
+    # an update computed from the input itself, element by element (an optimizer's
+    # ``p - lr * g``): computed in the kernel that writes it back, which reads each element
+    # before it overwrites it, instead of into a buffer and then copied (half the traffic)
+    V.graph.realize_pending_readers(target.name, src if _reads_only_at_its_element(src, target) else None)
     load = _value_loader(src, size, target.get_dtype())
     indexer = target.layout.make_indexer()
 
@@ -281,6 +284,22 @@ def copy_(dst: TensorBox, src: Any, non_blocking: bool = False) -> TensorBox:
 
     _mutate(target, size, body, "copy_")
     return dst
+
+
+def _reads_only_at_its_element(src: Any, target: Buffer) -> bool:
+    """Whether every read of ``target`` that one element of ``src`` makes (through lazy
+    bodies) is of the element of ``target`` that the copy writes it to."""
+    from minductor.scheduler.deps import MemoryDep, RecordingHandler
+
+    if not is_tensor(src) or list(src.get_size()) != list(target.get_size()):
+        return False
+    index = [sympy.Symbol(f"i{k}", integer=True, nonnegative=True) for k in range(len(target.get_size()))]
+    recorder = RecordingHandler({})
+    with V.set_ops(recorder):
+        src.make_loader()(index)
+    element = target.layout.make_indexer()(index)
+    reads = [d for d in recorder.rw.reads if d.name == target.name]
+    return all(isinstance(d, MemoryDep) and sympy.expand(d.index - element) == 0 for d in reads)
 
 
 @register_lowering(aten.copy.default)

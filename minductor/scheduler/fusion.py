@@ -103,12 +103,45 @@ def _reads_in_span(w: Expr, wc: dict[sympy.Symbol, Expr], w_inner: list[sympy.Sy
             and sympy.sympify(hi < sympy.Mul(*[w_ranges[v] for v in w_inner])) is sympy.true)
 
 
+def reads_only_where_it_writes(group: FusedGroup, mutation: SchedulerNode) -> bool:
+    """Whether every read in ``group`` of the buffer ``mutation`` stores into is of the element
+    that its store writes in the same iteration (a pointwise node over the same ranges), or
+    there is no such read."""
+    target = mutation.node.mutates
+    readers = [(n, d) for n in group.nodes for d in n.read_writes.reads if d.name == target]
+    if not readers:
+        return True
+    writes = [d for d in mutation.read_writes.writes if d.name == target]
+    if len(writes) != 1 or not isinstance(writes[0], MemoryDep) or mutation.is_reduction():
+        return False
+    return all(isinstance(d, MemoryDep) and not n.is_reduction() and n.pw_ranges == mutation.pw_ranges
+               and sympy.expand(d.index - writes[0].index) == 0 for n, d in readers)
+
+
+def _mutations_fuse(a: FusedGroup, b: FusedGroup) -> bool:
+    """Groups storing into buffers they do not own (mutations) fuse only when each such store
+    updates a graph input with a plain store (not a scatter: no indirect or combining store, no
+    reduction), no two store into one input, and every read of an updated input in either group
+    is of the element stored there in the same iteration: the kernel reads each old value
+    before overwriting it (an optimizer step updating a parameter and its two moments in one
+    pass). The slices of a cat or a scatter into a buffer of ours keep kernels of their own
+    (each slice its own loop order: a transposed one its tiles)."""
+    muts = [n for n in a.nodes + b.nodes if n.node.mutates]
+    if not muts:
+        return True
+    if any(n.node.mutates not in V.graph.graph_inputs or n.node.store_mode is not None or n.is_reduction()
+           or n.is_scan() or not all(isinstance(d, MemoryDep) for d in n.read_writes.writes) for n in muts):
+        return False
+    targets = [n.node.mutates for n in muts]
+    merged = FusedGroup(a.nodes + b.nodes, [])
+    return len(set(targets)) == len(targets) and all(reads_only_where_it_writes(merged, n) for n in muts)
+
 def can_fuse(a: FusedGroup, b: FusedGroup, nodes_between: bool) -> bool:
     """Legality: ``b`` runs after ``a`` in the fused kernel (``a`` never reads ``b``).
 
     ``nodes_between``: whether some other group depends on ``a`` and feeds ``b`` (a cycle).
     """
-    if nodes_between or a.has_mutation() or b.has_mutation():
+    if nodes_between or not _mutations_fuse(a, b):
         return False
     if a.has_scan() or b.has_scan():
         return scan_siblings(a, b)
