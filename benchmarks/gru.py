@@ -4,7 +4,8 @@ GRU (input 64, hidden 128, batch 32) at sequence lengths 32/128/512, inference: 
 (first call, fresh process, empty caches) and median run time, for eager ``torch.nn.GRU``,
 TorchInductor (``allow_rnn``: the recurrence is unrolled) and minductor's scan path
 (``minductor.nn.GRU``). Then einsum shapes from attention and bilinear layers: median run time
-of minductor (one XLA contraction) vs TorchInductor and eager.
+of minductor (one XLA contraction where it contracts enough work, ``config.einsum_xla_min_work``;
+natively below) vs TorchInductor and eager.
 
     python benchmarks/gru.py                   # everything (TorchInductor at 512 takes minutes)
     python benchmarks/gru.py --skip-inductor-above 128

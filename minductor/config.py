@@ -49,6 +49,14 @@ cpu_backend: str = "cpp"
 # Compiled graphs that call a GRU (torch.nn.GRU / aten.gru) run it as one scan per layer and
 # direction on the XLA path instead of unrolling the recurrence into the graph.
 scan_rnn: bool = _env_bool("MINDUCTOR_SCAN_RNN")
+# torch.einsum runs as one XLA contraction when it contracts at least this much work (the
+# product of its index sizes, multiply-adds); smaller ones, and those that contract nothing
+# (broadcast products, traces, transposes), are decomposed by AOTAutograd and lowered here,
+# fusing with their neighbours. A call to XLA costs ~150 us on a 2-core CPU (DLPack in and out,
+# the jitted dispatch): a matrix-vector einsum at 1024^2 took 212 us against eager's 61, a
+# broadcast product 250 against 47, a trace 273 against 5; from 2^28 on it is at most a few %.
+# 0 sends every einsum to XLA. (An einsum of three or more operands needs a 16th of it.)
+einsum_xla_min_work: int = _env_int("MINDUCTOR_EINSUM_XLA_MIN_WORK", 1 << 28)
 # With Triton kernels (CUDA tensors, or cpu_backend "triton"): generate mm/addmm as a Triton
 # matmul template with the following pointwise group fused in, where shapes and dtypes allow.
 triton_mm_template: bool = True

@@ -15,6 +15,13 @@ from minductor import config, metrics
 
 pytest.importorskip("jax", reason="the XLA path needs the optional jax extra (pip install minductor[xla])")
 
+
+@pytest.fixture(autouse=True)
+def every_einsum_on_xla() -> None:
+    """The small einsums here take the XLA path as big contractions do (einsum_xla_min_work)."""
+    with config.patch(einsum_xla_min_work=0):
+        yield
+
 EQUATIONS = {
     "matmul": ("ij,jk->ik", [(3, 4), (4, 5)]),
     "batched": ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
@@ -153,3 +160,31 @@ def test_einsum_without_jax_falls_back_with_one_warning(monkeypatch: pytest.Monk
         assert metrics.kernels_by_backend["xla"] == 0
     finally:
         xla.jax_available.cache_clear()
+
+
+@pytest.mark.parametrize(("equation", "shapes", "min_work", "on_xla"), [
+    ("ij,jk->ik", [(3, 4), (4, 5)], 60, True),     # 3 * 4 * 5 multiply-adds: at the threshold
+    ("ij,jk->ik", [(3, 4), (4, 5)], 61, False),    # below it: decomposed and lowered natively
+    ("bhqd,bhkd->bhqk", [(2, 2, 5, 4), (2, 2, 6, 4)], 480, True),
+    ("bi,oij,bj->bo", [(3, 4), (6, 4, 5), (3, 5)], 16 * 360, True),  # three operands: a 16th
+    ("bi,oij,bj->bo", [(3, 4), (6, 4, 5), (3, 5)], 16 * 361, False),
+    ("i,j->ij", [(40,), (50,)], 1, False),         # contracts nothing: never XLA
+    ("ii->", [(30, 30)], 1, False),
+    ("ij,j->ij", [(30, 40), (40,)], 1, False),
+])
+def test_einsum_routing_by_contracted_work(equation: str, shapes: list[tuple[int, ...]], min_work: int,
+                                           on_xla: bool) -> None:
+    """An einsum takes the XLA path only when it contracts at least ``einsum_xla_min_work``;
+    the others run natively. Forward and backward match eager either way."""
+    inputs = _inputs(shapes)
+    seed = torch.randn_like(torch.einsum(equation, *inputs))
+    with config.patch(einsum_xla_min_work=min_work):
+        torch._dynamo.reset()
+        metrics.reset()
+        out = torch.compile(lambda *xs: torch.einsum(equation, *xs), backend="minductor")(*inputs)
+        grads = _grads(out, inputs, seed)
+    expected = torch.einsum(equation, *inputs)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    for g, e in zip(grads, _grads(expected, inputs, seed)):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    assert (metrics.kernels_by_backend["xla"] > 0) == on_xla, dict(metrics.kernels_by_backend)
