@@ -56,7 +56,7 @@ _CORE_EXTRAS = [
     aten.rnn_tanh.data, aten.rnn_tanh.input, aten.istft.default, aten.stft.center,
 ]
 # decompositions we drop because a direct lowering is better
-_KEEP_WHOLE = [aten.clamp_min, aten.clamp_max, aten.index_add]
+_KEEP_WHOLE = [aten.clamp_min, aten.clamp_max, aten.index_add, aten.roll]
 
 
 @functools.cache

@@ -142,10 +142,14 @@ def test_gather_prefetches_the_next_row_in_chunks(cols: int, tmp_path: Path) -> 
 
 
 def test_masked_off_lanes_do_not_trip_the_row_check(tmp_path: Path) -> None:
-    """A roll (an index_select through ``fmod(i + 2, n)``) inside the second input of a cat: the
-    masked-off lanes of the first half compute ``i - n < 0`` and a negative fmod; the row check
-    holds only under the mask (it raised an IndexError eager does not)."""
+    """An index_select through ``fmod(i + 2, n)`` (as rolls were decomposed) inside the second
+    input of a cat: the masked-off lanes of the first half compute ``i - n < 0`` and a negative
+    fmod; the row check holds only under the mask (it raised an IndexError eager does not)."""
     x = torch.randn(5, 6, 3)
-    fn = lambda x: torch.cat([x.transpose(1, 2), F.layer_norm(x.roll(-2, 2), (3,)).transpose(1, 2) * 2], 1)  # noqa: E731
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        rolled = x.index_select(2, torch.fmod(torch.arange(3) + 2, 3))
+        return torch.cat([x.transpose(1, 2), F.layer_norm(rolled, (3,)).transpose(1, 2) * 2], 1)
+
     source = _kernel(fn, x, tmp_path=tmp_path)
     assert re.search(r"auto (tmp\d+) = !\(tmp\d+\) \|\| tmp\d+;\s+mi_bad \|= \1 \? 0 : 1;", source.read_text())  # under its mask
