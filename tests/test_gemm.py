@@ -261,3 +261,39 @@ def test_half_convolutions_without_native_half_gemm_run_in_float32(native: bool,
         assert all(dtypes.get(n, "float16") == "float16" for n in convs), codes
     else:  # buffers of ours (float32 copies, or a buffer reused for one), never a half one
         assert all(n.startswith("buf") and dtypes.get(n) != "float16" for n in convs), codes
+
+
+_VECTOR_PRODUCTS = {
+    "row_times_matrix": (lambda v, m: v @ m, [(1, 300), (300, 200)]),
+    "vector_times_matrix": (lambda v, m: v.squeeze(0) @ m, [(1, 300), (300, 200)]),
+    "batch_1_linear": (lambda v, m: F.linear(v, m.t()), [(1, 300), (300, 200)]),
+    "matrix_times_column": (lambda m, v: m @ v, [(200, 300), (300, 1)]),
+    "decoding_scores": (lambda q, k: torch.bmm(q, k.transpose(1, 2)), [(6, 1, 64), (6, 500, 64)]),
+    "decoding_values": (lambda p, v: torch.bmm(p, v), [(6, 1, 500), (6, 500, 64)]),
+    "batched_column": (lambda m, v: torch.bmm(m, v), [(6, 40, 300), (6, 300, 1)]),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("case", list(_VECTOR_PRODUCTS))
+def test_products_with_one_output_row_or_column_are_sums(case: str, dtype: torch.dtype, tmp_path: Path) -> None:
+    """A product with one output row or column reads its matrix once as a native sum of products
+    (bf16 summed in float32), not a GEMM call: results as eager's, no extern in the wrapper."""
+    fn, shapes = _VECTOR_PRODUCTS[case]
+    torch.manual_seed(0)
+    args = [torch.randn(s, dtype=dtype) for s in shapes]
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        got = torch.compile(fn, backend="minductor")(*args)
+    tol = {torch.bfloat16: dict(rtol=2e-2, atol=2e-1)}.get(dtype, {})
+    torch.testing.assert_close(got, fn(*args), **tol)
+    code = "\n".join(_codes(tmp_path).values())
+    assert ONEDNN not in code and ".mm" not in code and "bmm" not in code, code
+
+
+def test_products_with_more_rows_stay_gemms(tmp_path: Path) -> None:
+    """Two rows already go to the GEMM library (each row's sums would read the matrix again)."""
+    a, b = torch.randn(2, 300), torch.randn(300, 4000)
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        torch.testing.assert_close(torch.compile(torch.mm, backend="minductor")(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    code = next(iter(_codes(tmp_path).values()))
+    assert ONEDNN in code or "aten.mm.out" in code, code
