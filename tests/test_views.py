@@ -278,7 +278,7 @@ def test_roll_reads_contiguous_runs(case: str, tmp_path: Any) -> None:
         "swin": lambda x: torch.roll(x, (-3, -3), (1, 2)) * 2,
         "big_shifts": lambda x: torch.roll(x, (25, -31, 0), (1, 2, 3)),
         "repeated_dim": lambda x: torch.roll(x, (2, 5), (1, 1)),
-        "flattened": lambda x: torch.roll(x, 7),
+        "flattened": lambda x: torch.roll(x, 7) + torch.roll(x.transpose(1, 3), -5).transpose(1, 3),
         "ints": lambda x: (x * 10).int().roll(-4, -1),
         "channels_last": lambda x: x.to(memory_format=torch.channels_last).roll(2, 1) + 1,
     }

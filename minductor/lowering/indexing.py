@@ -169,7 +169,7 @@ def roll(x: TensorBox, shifts: Any, dims: Any = ()) -> TensorBox:
     if not dims:  # the flattened tensor rolled, then shaped back
         if len(shifts) != 1:
             raise Unsupported("roll without dims takes one shift (aten raises eager's error)")
-        return view(roll(clone(x), shifts, [0]) if len(size) == 1 else roll(view(clone(x), [x.get_numel()]), shifts, [0]), size)
+        return view(roll(view(x, [x.get_numel()]), shifts, [0]), size)
     if len(shifts) != len(dims) or not all(isinstance(s, (int, sympy.Expr)) for s in shifts):
         raise Unsupported("roll: as many shifts as dims (aten raises eager's error)")
     total: dict[int, Any] = {}

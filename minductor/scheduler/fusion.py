@@ -136,6 +136,7 @@ def _mutations_fuse(a: FusedGroup, b: FusedGroup) -> bool:
     merged = FusedGroup(a.nodes + b.nodes, [])
     return len(set(targets)) == len(targets) and all(reads_only_where_it_writes(merged, n) for n in muts)
 
+
 def can_fuse(a: FusedGroup, b: FusedGroup, nodes_between: bool) -> bool:
     """Legality: ``b`` runs after ``a`` in the fused kernel (``a`` never reads ``b``).
 
