@@ -271,14 +271,16 @@ _VECTOR_PRODUCTS = {
     "decoding_scores": (lambda q, k: torch.bmm(q, k.transpose(1, 2)), [(6, 1, 64), (6, 500, 64)]),
     "decoding_values": (lambda p, v: torch.bmm(p, v), [(6, 1, 500), (6, 500, 64)]),
     "batched_column": (lambda m, v: torch.bmm(m, v), [(6, 40, 300), (6, 300, 1)]),
+    "two_rows": (lambda v, m: F.linear(v, m.t()), [(2, 300), (300, 200)]),
+    "two_columns": (lambda m, v: torch.bmm(m, v), [(6, 40, 300), (6, 300, 2)]),
 }
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("case", list(_VECTOR_PRODUCTS))
 def test_products_with_one_output_row_or_column_are_sums(case: str, dtype: torch.dtype, tmp_path: Path) -> None:
-    """A product with one output row or column reads its matrix once as a native sum of products
-    (bf16 summed in float32), not a GEMM call: results as eager's, no extern in the wrapper."""
+    """A product with one or two output rows or columns reads its matrix as a native sum of
+    products (bf16 summed in float32), not a GEMM call: results as eager's, no extern call."""
     fn, shapes = _VECTOR_PRODUCTS[case]
     torch.manual_seed(0)
     args = [torch.randn(s, dtype=dtype) for s in shapes]
@@ -291,8 +293,8 @@ def test_products_with_one_output_row_or_column_are_sums(case: str, dtype: torch
 
 
 def test_products_with_more_rows_stay_gemms(tmp_path: Path) -> None:
-    """Two rows already go to the GEMM library (each row's sums would read the matrix again)."""
-    a, b = torch.randn(2, 300), torch.randn(300, 4000)
+    """Three rows go to the GEMM library (each row's sums would read the matrix again)."""
+    a, b = torch.randn(3, 300), torch.randn(300, 4000)
     with config.patch(debug=True, debug_dir=str(tmp_path)):
         torch.testing.assert_close(torch.compile(torch.mm, backend="minductor")(a, b), a @ b, rtol=1e-4, atol=1e-4)
     code = next(iter(_codes(tmp_path).values()))
