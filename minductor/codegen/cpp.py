@@ -66,6 +66,7 @@ from minductor.codegen.loop_shapes import (
     merge_dims,
     mutation_loops,
     narrow_lanes,
+    outer_lane_var,
     outer_lane_width,
     parallel_decision,
     planning_size,
@@ -74,7 +75,7 @@ from minductor.codegen.loop_shapes import (
     vectorizes_outside,
     wide_lanes,
 )
-from minductor.ir.indexing import affine_coeffs, index_symbol, make_vars, simplify_index
+from minductor.ir.indexing import index_symbol, make_vars, simplify_index
 from minductor.scheduler.deps import MemoryDep
 from minductor.scheduler.nodes import FusedGroup
 from minductor.virtualized import V
@@ -355,7 +356,7 @@ class CppKernel:
         code.writeline(f"// Source nodes: {', '.join(self.group.names())}")
         for n in self.group.nodes:
             code.writeline(f"//   {n.node.name}: {type(n.node.data).__name__} {', '.join(sorted(n.node.origins))}")
-        self.tile_var = self._outer_lane_var(merged_outer)
+        self.tile_var = outer_lane_var(self.group, merged_outer)
         if self.tile_var is not None:
             other = math.prod(V.graph.sizevars.hint(size) for size in merged_outer.sizes[:-1])
             width = planning_size(merged_outer.sizes[-1], OUTER_LANE_WIDTHS[0] * torch.get_num_threads())
@@ -567,31 +568,6 @@ class CppKernel:
             code.splice(self.suffix)
         code._indent -= 1
         code.writeline("}")
-
-    def _outer_lane_var(self, outer: MergedDims) -> sympy.Symbol | None:
-        """The outer variable to vectorize across, for reductions whose input is contiguous
-        along an outer dim rather than the reduced one (``x.sum(0)``); None otherwise."""
-        if not outer.variables or not self.group.has_reduction():
-            return None
-        n_outer = len(self.group.outer)
-        x_last = index_symbol(f"x{n_outer - 1}")
-        if outer.substitution.get(x_last) != outer.variables[-1]:
-            return None
-        contiguous_outer = False
-        for node in self.group.nodes:
-            if not node.is_reduction() or not node.red_ranges:
-                continue
-            r_last = index_symbol(f"r{len(node.red_ranges) - 1}")
-            for dep in node.read_writes.reads:
-                if not isinstance(dep, MemoryDep):
-                    continue
-                coeffs = affine_coeffs(dep.index, [x_last, r_last])
-                if coeffs is None or coeffs[x_last] == 0:
-                    continue  # the same for every outer index: a broadcast, not a stream
-                if coeffs[r_last] == 1:
-                    return None
-                contiguous_outer |= coeffs[x_last] == 1
-        return outer.variables[-1] if contiguous_outer else None
 
     def _emit_tiled(self, code: CodeBuffer, pw: MergedDims, red: MergedDims) -> None:
         """Lanes across ``LANES`` consecutive values of the tile variable (outer-lane mode)."""

@@ -437,3 +437,29 @@ def vectorizes_outside(sizes: Sequence[Expr]) -> bool:
     """Whether a pure pointwise nest of these sizes vectorizes its second-innermost loop."""
     inner, second = sizes[-1], sizes[-2]
     return isinstance(inner, sympy.Integer) and int(inner) <= SMALL_INNER and planning_size(second, 4 * int(inner)) >= 4 * int(inner)
+
+
+def outer_lane_var(group: FusedGroup, outer: MergedDims) -> sympy.Symbol | None:
+    """The outer variable to vectorize across, for reductions whose input is contiguous
+    along an outer dim rather than the reduced one (``x.sum(0)``); None otherwise."""
+    if not outer.variables or not group.has_reduction():
+        return None
+    n_outer = len(group.outer)
+    x_last = index_symbol(f"x{n_outer - 1}")
+    if outer.substitution.get(x_last) != outer.variables[-1]:
+        return None
+    contiguous_outer = False
+    for node in group.nodes:
+        if not node.is_reduction() or not node.red_ranges:
+            continue
+        r_last = index_symbol(f"r{len(node.red_ranges) - 1}")
+        for dep in node.read_writes.reads:
+            if not isinstance(dep, MemoryDep):
+                continue
+            coeffs = affine_coeffs(dep.index, [x_last, r_last])
+            if coeffs is None or coeffs[x_last] == 0:
+                continue  # the same for every outer index: a broadcast, not a stream
+            if coeffs[r_last] == 1:
+                return None
+            contiguous_outer |= coeffs[x_last] == 1
+    return outer.variables[-1] if contiguous_outer else None
