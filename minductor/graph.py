@@ -126,7 +126,7 @@ class GraphLowering(torch.fx.Interpreter):
         if any(self._order[u] > self._order[node] for u in source.users if u is not node and u is not copies[0]):
             return None
         others = [self.env[a] for a in node.all_input_nodes if a is not source and isinstance(self.env.get(a), TensorBox)]
-        if any(source.name in _value_reads(v) for v in others):
+        if any(source.name in {d.name for d in value_reads(v)} for v in others):
             return None
         return self.graph_inputs[source.name]
 
@@ -460,15 +460,17 @@ def _run_aten_graph(gm: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:
     return call
 
 
-def _value_reads(value: TensorBox) -> set[str]:
-    """The buffers reading one element of ``value`` reads (through views and lazy bodies)."""
+def value_reads(value: TensorBox, index: Sequence[sympy.Expr] | None = None) -> set[Any]:
+    """The reads (dependencies) one element of ``value`` makes through views and lazy bodies, at
+    ``index`` (fresh symbols by default)."""
     from minductor.scheduler.deps import RecordingHandler
 
     recorder = RecordingHandler({})
-    index = [sympy.Symbol(f"i{k}", integer=True, nonnegative=True) for k in range(len(value.get_size()))]
+    if index is None:
+        index = [sympy.Symbol(f"i{k}", integer=True, nonnegative=True) for k in range(len(value.get_size()))]
     with V.set_ops(recorder):
         value.make_loader()(index)
-    return set(recorder.rw.read_names())
+    return set(recorder.rw.reads)
 
 
 __all__ = ["GraphLowering", "ReinterpretView", "compile_graph", "sympy"]

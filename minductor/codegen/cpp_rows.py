@@ -30,10 +30,10 @@ import torch
 
 from minductor import config
 from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index, paren
-from minductor.codegen.loop_shapes import Loop, inner_vars, reads_only_at
+from minductor.codegen.loop_shapes import Loop
 from minductor.ir.indexing import make_vars
 from minductor.scheduler.deps import MemoryDep
-from minductor.scheduler.fusion import read_within_iteration
+from minductor.scheduler.fusion import inner_vars, read_within_iteration, reads_only_at
 from minductor.scheduler.nodes import FusedGroup
 from minductor.sizevars import size_symbols
 from minductor.virtualized import V

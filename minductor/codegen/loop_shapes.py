@@ -406,33 +406,6 @@ def outer_lane_width(width: int, threads: int, other_outer: int = 1) -> int:
     return LANES
 
 
-def inner_vars(node: SchedulerNode, n_outer: int) -> list[tuple[sympy.Symbol, sympy.Expr]]:
-    """A node's loop variables past the group's shared outer loops, with their ranges."""
-    xs = make_vars("x", len(node.pw_ranges))[n_outer:]
-    rs = make_vars("r", len(node.red_ranges))
-    return list(zip(xs, node.pw_ranges[n_outer:])) + list(zip(rs, node.red_ranges))
-
-
-def reads_only_at(group: FusedGroup, name: str, index: sympy.Expr, inner: list[tuple[sympy.Symbol, sympy.Expr]],
-                  n_outer: int, positions: range) -> bool:
-    """Whether every read of ``name`` in ``group`` is by a node at one of ``positions``, over
-    the same inner ranges, at ``index`` (in the canonical variables ``inner``): the element the
-    same iteration stored."""
-    for reader_pos, reader in enumerate(group.nodes):
-        for dep in reader.read_writes.reads:
-            if dep.name != name:
-                continue
-            if reader_pos not in positions or not isinstance(dep, MemoryDep):
-                return False
-            theirs = inner_vars(reader, n_outer)
-            if [s for _, s in theirs] != [s for _, s in inner]:
-                return False
-            renamed = dep.index.xreplace({v: w for (v, _), (w, _) in zip(theirs, inner)})
-            if sympy.expand(renamed - index) != 0:
-                return False
-    return True
-
-
 def vectorizes_outside(sizes: Sequence[Expr]) -> bool:
     """Whether a pure pointwise nest of these sizes vectorizes its second-innermost loop."""
     inner, second = sizes[-1], sizes[-2]

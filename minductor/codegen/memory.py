@@ -22,10 +22,10 @@ import torch
 
 from minductor import config, metrics
 from minductor.codegen.common import py_index, py_shape
-from minductor.codegen.loop_shapes import inner_vars, reads_only_at
 from minductor.ir.layout import FixedLayout
 from minductor.ir.nodes import Buffer, ComputedBuffer, ExternKernelAlloc, ExternKernelOut, FallbackKernel
 from minductor.scheduler.deps import MemoryDep
+from minductor.scheduler.fusion import inner_vars, reads_only_at
 from minductor.scheduler.nodes import ExternSchedulerNode, FusedGroup
 from minductor.virtualized import V
 

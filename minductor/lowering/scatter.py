@@ -289,16 +289,14 @@ def copy_(dst: TensorBox, src: Any, non_blocking: bool = False) -> TensorBox:
 def _reads_only_at_its_element(src: Any, target: Buffer) -> bool:
     """Whether every read of ``target`` that one element of ``src`` makes (through lazy
     bodies) is of the element of ``target`` that the copy writes it to."""
-    from minductor.scheduler.deps import MemoryDep, RecordingHandler
+    from minductor.graph import value_reads
+    from minductor.scheduler.deps import MemoryDep
 
     if not is_tensor(src) or list(src.get_size()) != list(target.get_size()):
         return False
     index = [sympy.Symbol(f"i{k}", integer=True, nonnegative=True) for k in range(len(target.get_size()))]
-    recorder = RecordingHandler({})
-    with V.set_ops(recorder):
-        src.make_loader()(index)
     element = target.layout.make_indexer()(index)
-    reads = [d for d in recorder.rw.reads if d.name == target.name]
+    reads = [d for d in value_reads(src, index) if d.name == target.name]
     return all(isinstance(d, MemoryDep) and sympy.expand(d.index - element) == 0 for d in reads)
 
 

@@ -103,19 +103,44 @@ def _reads_in_span(w: Expr, wc: dict[sympy.Symbol, Expr], w_inner: list[sympy.Sy
             and sympy.sympify(hi < sympy.Mul(*[w_ranges[v] for v in w_inner])) is sympy.true)
 
 
+def inner_vars(node: SchedulerNode, n_outer: int) -> list[tuple[sympy.Symbol, sympy.Expr]]:
+    """A node's loop variables past the group's shared outer loops, with their ranges."""
+    xs = make_vars("x", len(node.pw_ranges))[n_outer:]
+    rs = make_vars("r", len(node.red_ranges))
+    return list(zip(xs, node.pw_ranges[n_outer:])) + list(zip(rs, node.red_ranges))
+
+
+def reads_only_at(group: FusedGroup, name: str, index: sympy.Expr, inner: list[tuple[sympy.Symbol, sympy.Expr]],
+                  n_outer: int, positions: range) -> bool:
+    """Whether every read of ``name`` in ``group`` is by a node at one of ``positions``, over
+    the same inner ranges, at ``index`` (in the canonical variables ``inner``): the element the
+    same iteration stored."""
+    for reader_pos, reader in enumerate(group.nodes):
+        for dep in reader.read_writes.reads:
+            if dep.name != name:
+                continue
+            if reader_pos not in positions or not isinstance(dep, MemoryDep):
+                return False
+            theirs = inner_vars(reader, n_outer)
+            if [s for _, s in theirs] != [s for _, s in inner]:
+                return False
+            renamed = dep.index.xreplace({v: w for (v, _), (w, _) in zip(theirs, inner)})
+            if sympy.expand(renamed - index) != 0:
+                return False
+    return True
+
+
 def reads_only_where_it_writes(group: FusedGroup, mutation: SchedulerNode) -> bool:
     """Whether every read in ``group`` of the buffer ``mutation`` stores into is of the element
     that its store writes in the same iteration (a pointwise node over the same ranges), or
     there is no such read."""
     target = mutation.node.mutates
-    readers = [(n, d) for n in group.nodes for d in n.read_writes.reads if d.name == target]
-    if not readers:
+    if not any(target in n.read_writes.read_names() for n in group.nodes):
         return True
     writes = [d for d in mutation.read_writes.writes if d.name == target]
     if len(writes) != 1 or not isinstance(writes[0], MemoryDep) or mutation.is_reduction():
         return False
-    return all(isinstance(d, MemoryDep) and not n.is_reduction() and n.pw_ranges == mutation.pw_ranges
-               and sympy.expand(d.index - writes[0].index) == 0 for n, d in readers)
+    return reads_only_at(group, target, writes[0].index, inner_vars(mutation, 0), 0, range(len(group.nodes)))
 
 
 def _mutations_fuse(a: FusedGroup, b: FusedGroup) -> bool:
