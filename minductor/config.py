@@ -91,6 +91,14 @@ huge_page_min_bytes: int = _env_int("MINDUCTOR_HUGE_PAGE_MIN_BYTES", 4 << 20)
 # reading the output back from cache made them a loss). 0 turns them off.
 stream_store_min_bytes: int = _env_int("MINDUCTOR_STREAM_STORE_MIN_BYTES", 16 << 20)
 
+# ... and only in a kernel whose buffers (read and written) take at least this many bytes in
+# all; -1: 1.5 times the last-level cache. A kernel that fits in cache finds its inputs there
+# on the next call, and the output's reader finds it there, unless the stores bypassed it:
+# int8 -> float32 dequantization of 4096x1024 (4 + 16 MB, a 32 MB L3) ran 410-465 us
+# streamed, 110-130 us not; at 48 MB and more the streamed stores win (x + y with a 16 MB
+# output, 560 against 626 us). 0: the output's size alone decides.
+stream_store_min_footprint: int = _env_int("MINDUCTOR_STREAM_STORE_MIN_FOOTPRINT", -1)
+
 # Which library runs float32 matrix products on CPU (mm, and addmm with a vector bias): "mkl"
 # (aten's mm.out), "onednn" (oneDNN's matmul, torch.ops.mkldnn._linear_pointwise) or "auto":
 # oneDNN on x86 CPUs not made by Intel, where MKL's dispatch takes a slower path (on an AMD

@@ -16,7 +16,7 @@ LIBMVEC = config.libmvec and libmvec_installed(config.cxx)
 
 def compiled_code(fn, *args, tmp_path, min_bytes: int = 1 << 24) -> str:
     torch._dynamo.reset()
-    with config.patch(debug=True, debug_dir=str(tmp_path), stream_store_min_bytes=min_bytes):
+    with config.patch(debug=True, debug_dir=str(tmp_path), stream_store_min_bytes=min_bytes, stream_store_min_footprint=0):
         got = torch.compile(fn, backend="minductor")(*args)
     torch.testing.assert_close(got, fn(*args), equal_nan=True)
     return "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_*.cpp"))

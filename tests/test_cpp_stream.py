@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 
 from minductor import config
+from minductor.codegen import cpp_stream
 
 
-def compiled_code(fn, *args, tmp_path, min_bytes: int = 1) -> str:
+def compiled_code(fn, *args, tmp_path, min_bytes: int = 1, min_footprint: int = 0, dynamic: bool = False) -> str:
     torch._dynamo.reset()
-    with config.patch(debug=True, debug_dir=str(tmp_path), stream_store_min_bytes=min_bytes):
-        got = torch.compile(fn, backend="minductor")(*args)
+    with config.patch(debug=True, debug_dir=str(tmp_path), stream_store_min_bytes=min_bytes, stream_store_min_footprint=min_footprint):
+        got = torch.compile(fn, backend="minductor", dynamic=dynamic)(*args)
     torch.testing.assert_close(got, fn(*args))
     return "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_*.cpp"))
 
@@ -85,7 +86,7 @@ def test_checked_kernels_that_stream_reduce_their_error_flag(tmp_path, monkeypat
     code = compiled_code(lambda x, i: torch.gather(x, 1, i) * 2, x, index, tmp_path=tmp_path)
     assert "mi_stream_store(" in code and "mi_bad" in code
     torch._dynamo.reset()
-    with config.patch(stream_store_min_bytes=1), pytest.raises(IndexError):
+    with config.patch(stream_store_min_bytes=1, stream_store_min_footprint=0), pytest.raises(IndexError):
         torch.compile(lambda x, i: torch.gather(x, 1, i) * 2, backend="minductor")(x, index + 200)
 
 
@@ -105,6 +106,25 @@ def test_what_does_not_stream(tmp_path) -> None:
     assert "mi_stream" not in compiled_code(lambda x, b: x * b, torch.randn(20000, 3), torch.randn(3), tmp_path=tmp_path / "short")
     # turned off
     assert "mi_stream" not in compiled_code(lambda x: x * 2, x, tmp_path=tmp_path / "off", min_bytes=0)
+
+
+def test_only_kernels_too_big_for_the_cache_stream(tmp_path) -> None:
+    """A kernel whose buffers all fit in the last-level cache keeps ordinary stores: its inputs
+    and its output are still in cache when it (or the output's reader) runs next. Footprints
+    here: int8 in and float out, 64000 + 256000 bytes; x + y, 3 x 256000."""
+    q, x, y = torch.randint(-128, 127, (1000, 64), dtype=torch.int8), torch.randn(1000, 64), torch.randn(1000, 64)
+    dequantize, add = (lambda q: q.float() * 0.5), (lambda x, y: x + y)
+    assert "mi_stream_store(" not in compiled_code(dequantize, q, tmp_path=tmp_path / "dq", min_footprint=500_000)
+    assert "mi_stream_store(" in compiled_code(add, x, y, tmp_path=tmp_path / "add", min_footprint=500_000)
+    assert "mi_stream_store(" in compiled_code(dequantize, q, tmp_path=tmp_path / "dq0", min_footprint=0)
+    # symbolic sizes: the footprint is tested at run time, next to the output's size
+    code = compiled_code(add, x, y, tmp_path=tmp_path / "dynamic", min_footprint=500_000, dynamic=True)
+    assert "mi_stream_store(" in code and ">= 500000" in code
+    for rows in (10, 3000):  # below and above the footprint, both right
+        a, b = torch.randn(rows, 64), torch.randn(rows, 64)
+        with config.patch(stream_store_min_bytes=1, stream_store_min_footprint=500_000):
+            torch.testing.assert_close(torch.compile(add, backend="minductor", dynamic=True)(a, b), a + b)
+    assert cpp_stream.min_footprint() >= 0
 
 
 def test_streaming_stores_compile_to_non_temporal_instructions(tmp_path) -> None:
@@ -135,7 +155,7 @@ def test_rows_read_through_one_index_stream_and_check_it_once(tmp_path, op: str)
     loop = streamed[streamed.index("for (int64_t mi_line_at"):].split("mi_stream_store(")[0]
     assert "in_ptr0[" not in loop, loop  # the index is not re-read per line
     torch._dynamo.reset()
-    with config.patch(stream_store_min_bytes=1), pytest.raises(IndexError):
+    with config.patch(stream_store_min_bytes=1, stream_store_min_footprint=0), pytest.raises(IndexError):
         torch.compile(fn, backend="minductor")(index + 1000, table)
 
 

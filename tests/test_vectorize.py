@@ -267,7 +267,7 @@ def test_loops_over_a_loaded_bool_mask_use_whole_vectors(case: str, tmp_path: Pa
         "masked_softmax_long_rows": (masked_softmax, (torch.randn(8, 2048), torch.rand(8, 2048) > 0.3)),
         "where": (lambda a, m: torch.where(m, a * 2, 0.0), (torch.randn(512, 1000), torch.rand(512, 1000) > 0.5)),
     }[case]
-    with config.patch(debug=True, debug_dir=str(tmp_path / "dump"), stream_store_min_bytes=1024):
+    with config.patch(debug=True, debug_dir=str(tmp_path / "dump"), stream_store_min_bytes=1024, stream_store_min_footprint=0):
         torch.testing.assert_close(torch.compile(fn, backend="minductor")(*args), fn(*args))
     (path,) = (tmp_path / "dump").glob("graph_*/cpp_fused_*.cpp")
     source = path.read_text()

@@ -118,7 +118,7 @@ def test_a_resampling_loop_streams_its_output_and_a_blending_one_does_not(tmp_pa
     output (nearest: its kernel 2.6 -> 1.8 ms at (8, 64, 128, 128)); one that blends four
     window reads keeps plain stores (bilinear streamed: 5.2 -> 6.3 ms)."""
     x = torch.randn(2, 4, 24, 40)
-    with config.patch(stream_store_min_bytes=1024):
+    with config.patch(stream_store_min_bytes=1024, stream_store_min_footprint=0):
         nearest = _source(lambda x: F.interpolate(x, scale_factor=2), x, tmp_path=tmp_path / "nearest")
         bilinear = _source(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), x, tmp_path=tmp_path / "bilinear",
                            exact=False)

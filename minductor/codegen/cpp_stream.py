@@ -5,7 +5,9 @@ where it displaces the inputs. For an output of tens of MB neither helps: on a X
 ``x + y`` over 4096^2 floats ran 7.0 ms with ordinary stores and 3.8 ms with streaming ones,
 and a row sum reading the result right after still came out ahead (9.6 -> 7.5 ms). At 4 MB and
 below the consumer then misses the cache the ordinary store would have hit, so only outputs of
-``config.stream_store_min_bytes`` or more stream. Kernels that gather (load through an index
+``config.stream_store_min_bytes`` or more stream, and only from kernels too big for the
+last-level cache (``min_footprint``): one that fits finds its data in cache when it runs again,
+and its reader finds the output there. Kernels that gather (load through an index
 that changes along the innermost loop) keep ordinary stores; a row read through one index per
 row (embedding, index_select) streams, its index read and checked once before the row's loops
 (``hoist_invariant_lines``). The rows of a transpose's staged tiles
@@ -32,6 +34,7 @@ from minductor.codegen.common import CodeBuffer, cpp_index, indent_of
 from minductor.codegen.cpp_calls import BATCH, emit_call_block
 from minductor.codegen.loop_shapes import LINE, line_step
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
+from minductor.runtime.cache import last_level_cache_bytes
 from minductor.scheduler.deps import MemoryDep
 from minductor.virtualized import V
 
@@ -50,27 +53,46 @@ class StreamStore:
     width: int = LINE  # lanes of the main loop: whole lines (loop_shapes.line_step)
 
 
-def streamable_buffer(name: str, read_names: set[str]) -> bool:
-    """A float32 buffer the kernel does not read, of at least ``config.stream_store_min_bytes``
-    or of a symbolic size (``stream_condition`` then decides at run time)."""
-    if config.stream_store_min_bytes <= 0 or name in read_names or V.graph.get_dtype(name) != torch.float32:
+def min_footprint() -> int:
+    """``config.stream_store_min_footprint`` in bytes (-1: 1.5 times the last-level cache)."""
+    if config.stream_store_min_footprint >= 0:
+        return config.stream_store_min_footprint
+    return 3 * (last_level_cache_bytes() or 0) // 2
+
+
+def footprint(kernel: CppKernel) -> Expr:
+    """The bytes of every buffer ``kernel`` reads or writes: not those it writes for itself (kept in
+    registers or rows), and a buffer written over another once."""
+    group = kernel.group
+    names = group.read_names() | (group.write_names() - kernel.internal - set(kernel.written_over))
+    return sympy.Add(*(sympy.Mul(*V.graph.get_buffer(n).get_size()) * V.graph.get_dtype(n).itemsize for n in sorted(names)))
+
+
+def streamable_buffer(kernel: CppKernel, name: str) -> bool:
+    """A float32 buffer ``kernel`` does not read, of at least ``config.stream_store_min_bytes``,
+    in a kernel of at least ``min_footprint()`` bytes in all, or of symbolic sizes
+    (``stream_condition`` then decides at run time)."""
+    if config.stream_store_min_bytes <= 0 or name in kernel.read_names() or V.graph.get_dtype(name) != torch.float32:
         return False
-    numel = sympy.Mul(*V.graph.get_buffer(name).get_size())
-    return not numel.is_number or int(numel) * 4 >= config.stream_store_min_bytes
+    numel, total = sympy.Mul(*V.graph.get_buffer(name).get_size()), footprint(kernel)
+    return ((not numel.is_number or int(numel) * 4 >= config.stream_store_min_bytes)
+            and (not total.is_number or int(total) >= min_footprint()))
 
 
-def stream_condition(name: str) -> str:
+def stream_condition(kernel: CppKernel, name: str) -> str:
     """The run-time condition for streaming a buffer of symbolic size ("" for a static one): a
     kernel compiled while a dynamic dim was small (Dynamo's hint, which the graph cache serves
     for every size) streams large outputs all the same."""
-    numel = sympy.Mul(*V.graph.get_buffer(name).get_size())
-    return "" if numel.is_number else f"4 * ({cpp_index(numel)}) >= {config.stream_store_min_bytes}"
+    numel, total = sympy.Mul(*V.graph.get_buffer(name).get_size()), footprint(kernel)
+    tests = [] if numel.is_number else [f"4 * ({cpp_index(numel)}) >= {config.stream_store_min_bytes}"]
+    if not total.is_number and min_footprint() > 0:
+        tests.append(f"{cpp_index(total)} >= {min_footprint()}")
+    return " && ".join(tests)
 
 
 def streamable_writes(kernel: CppKernel) -> bool:
     """Whether ``kernel``'s group writes a buffer that ``stream_store`` could stream."""
-    reads = kernel.read_names()
-    return any(isinstance(dep, MemoryDep) and streamable_buffer(dep.name, reads)
+    return any(isinstance(dep, MemoryDep) and streamable_buffer(kernel, dep.name)
                for node in kernel.group.nodes for dep in node.read_writes.writes)
 
 
@@ -85,9 +107,9 @@ def stream_store(kernel: CppKernel, var: sympy.Symbol, length: Expr) -> StreamSt
         return None
     if sympy.sympify(length).is_number and length < LINE:
         return None
-    reads, body = kernel.read_names(), kernel.body.lines
+    body = kernel.body.lines
     for name, (arg, index, _) in zip(kernel.body_store_names, kernel.body_stores):
-        if not arg.startswith("out_ptr") or not streamable_buffer(name, reads):
+        if not arg.startswith("out_ptr") or not streamable_buffer(kernel, name):
             continue
         coeffs = affine_coeffs(index, [var])
         if coeffs is None or coeffs[var] != 1:
@@ -96,7 +118,7 @@ def stream_store(kernel: CppKernel, var: sympy.Symbol, length: Expr) -> StreamSt
         if len(lines) == 1 and lines[0].startswith(f"{arg}[") and lines[0].rstrip().endswith(";"):
             kernel.body_stores = [s for s in kernel.body_stores if s[0] != arg]
             step = line_step(dtype for *_, dtype in [*kernel.body_loads, *kernel.body_stores])
-            return StreamStore(arg, index, lines[0], stream_condition(name), step)
+            return StreamStore(arg, index, lines[0], stream_condition(kernel, name), step)
     return None
 
 

@@ -92,9 +92,20 @@ def cpu_info() -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
-@functools.cache
 def l2_cache_bytes() -> int | None:
     """The first processor's level-2 data cache, in bytes (None where sysfs does not say)."""
+    return cache_bytes("2")
+
+
+def last_level_cache_bytes() -> int | None:
+    """The first processor's last-level cache (level 3, else 2), in bytes (None if unknown)."""
+    return cache_bytes("3") or cache_bytes("2")
+
+
+@functools.cache
+def cache_bytes(wanted: str) -> int | None:
+    """The first processor's data cache of level ``wanted``, in bytes (None where sysfs does not
+    say)."""
     base = Path("/sys/devices/system/cpu/cpu0/cache")
     for index in sorted(base.glob("index*")) if base.is_dir() else []:
         try:
@@ -103,7 +114,7 @@ def l2_cache_bytes() -> int | None:
         except OSError:
             continue
         match = re.fullmatch(r"(\d+)([KMG]?)", size)
-        if level == "2" and kind in ("Unified", "Data") and match:
+        if level == wanted and kind in ("Unified", "Data") and match:
             return int(match[1]) << {"": 0, "K": 10, "M": 20, "G": 30}[match[2]]
     return None
 
