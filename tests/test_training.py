@@ -179,6 +179,73 @@ def test_half_attention_the_decomposition_leaves_to_aten() -> None:
     torch.testing.assert_close(torch.compile(attention, backend="minductor")(q, k), attention(q, k), atol=2e-3, rtol=2e-3)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_long_attention_stays_the_flash_kernel(causal: bool) -> None:
+    """Past SDPA_MAX_SCORES per head (a quarter of that when causal) the decomposition would
+    store every score (128 MB at (8, 16, 512, 64)) and lose to the flash kernel: the aten op
+    stays, forward and backward; one size step below, attention is decomposed."""
+    from minductor.decompositions import SDPA_CAUSAL_MAX_SCORES, SDPA_MAX_SCORES
+
+    limit = SDPA_CAUSAL_MAX_SCORES if causal else SDPA_MAX_SCORES
+    for length, flash in ((int(limit ** 0.5), False), (2 * int(limit ** 0.5), True)):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, 2, length, 8, requires_grad=True) for _ in range(3))
+
+        def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        torch._dynamo.reset()
+        metrics.reset()
+        got = torch.compile(attention, backend="minductor")(q, k, v)
+        expected = attention(q, k, v)
+        torch.testing.assert_close(got, expected, **TOL)
+        for a, e in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(expected.sum(), (q, k, v))):
+            torch.testing.assert_close(a, e, **TOL)
+        assert ("aten._scaled_dot_product_flash_attention_for_cpu" in metrics.fallback_ops) == flash, length
+
+
+def test_long_half_attention_runs_the_flash_kernel_in_float32(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU without native half GEMM, half attention too long to decompose runs the aten
+    op on float32 inputs (not eager's slow half kernel), rounded to half; gradients flow."""
+    from minductor.decompositions import SDPA_MAX_SCORES
+    from minductor.runtime import cache
+
+    monkeypatch.setattr(cache, "native_half_gemm", lambda: False)
+    torch.manual_seed(0)
+    length = 2 * int(SDPA_MAX_SCORES ** 0.5)
+    q, k, v = (torch.randn(1, 2, length, 8).half().requires_grad_() for _ in range(3))
+    metrics.reset()
+    with config.patch(cache_dir=str(tmp_path), debug=True, debug_dir=str(tmp_path / "dump")):
+        got = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), backend="minductor")(q, k, v)
+    expected = F.scaled_dot_product_attention(*(t.float() for t in (q, k, v)))
+    assert got.dtype == torch.float16 and "aten._scaled_dot_product_flash_attention_for_cpu" in metrics.fallback_ops
+    code = "".join(p.read_text() for p in tmp_path.glob("dump/*_forward/output_code.py"))
+    assert code.count(f"(1, 2, {length}, 8), ({16 * length}, {8 * length}, 8, 1), device=mi_cpu, dtype=torch.float32)") == 3  # q, k, v
+    torch.testing.assert_close(got.float(), expected, atol=2e-3, rtol=2e-3)
+    assert all(g.dtype == torch.float16 and g.isfinite().all() for g in torch.autograd.grad(got.float().sum(), (q, k, v)))
+
+
+def test_causal_attention_of_few_queries_reads_only_the_keys_they_see() -> None:
+    """Causal rows i see keys 0..i: with 4 queries over 3000 keys only the first 4 keys enter
+    the decomposition (eager's flash kernel skips the rest too); the others get zero gradient."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, 4, 8, requires_grad=True)
+    k, v = (torch.randn(2, 3, 3000, 8, requires_grad=True) for _ in range(2))
+
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    metrics.reset()
+    got = torch.compile(attention, backend="minductor")(q, k, v)
+    expected = attention(q, k, v)
+    torch.testing.assert_close(got, expected, **TOL)
+    assert "aten._scaled_dot_product_flash_attention_for_cpu" not in metrics.fallback_ops
+    grads = torch.autograd.grad(got.sum(), (q, k, v))
+    for a, e in zip(grads, torch.autograd.grad(expected.sum(), (q, k, v))):
+        torch.testing.assert_close(a, e, **TOL)
+    assert not grads[1][:, :, 4:].any()
+
+
 def test_transformer_encoder_layer_gradients() -> None:
     layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
     grads_match(layer, lambda: torch.randn(2, 16, 32), lambda y: y.square().mean())
