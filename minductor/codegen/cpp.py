@@ -517,6 +517,8 @@ class CppKernel:
         exprs = [e.xreplace(folded.get(node.node.name, {})) for node in loop.nodes for e in node.read_writes.index_exprs]
         merged_pw = merge_dims(pw_vars, loop.pw_inner, exprs, "xi")
         merged_red = merge_dims(red_vars, loop.red, exprs, "ri")
+        if not loop.red and self.tile_var is None and not any(n.is_reduction() or n.node.mutates for n in loop.nodes):
+            merged_pw = in_store_order(merged_pw, loop.nodes)  # (a pointwise loop of a kernel of several)
         if not merged_red.variables and any(n.is_reduction() for n in loop.nodes):
             merged_red = MergedDims([index_symbol("ri0")], [sympy.Integer(1)], {})  # reduce 1 element
         self.substitution = outer.substitution | merged_pw.substitution | merged_red.substitution
