@@ -3,6 +3,7 @@ from minductor.lowering import (  # noqa: F401
     constructors,
     extern,
     indexing,
+    pads,
     pointwise,
     reduction,
     scan,
