@@ -235,3 +235,16 @@ def test_a_training_step_of_batch_norm_and_max_pool_walks_channels_last_memory_a
     forward = next(tmp_path.glob("graph_*_forward/output_code.py")).read_text()
     assert re.search(r"empty_strided\(\(32, 32, 4, 4\), \(512, 1, 128, 32\), device=mi_cpu, dtype=torch.int64\)", forward), forward
     assert any("max_pool2d_backward" in n and "sum" in n and "_partial[" in s for n, s in sources.items()), list(sources)
+
+
+def test_squeeze_excitation_scales_pixels_with_the_channels_innermost(tmp_path: Path) -> None:
+    """x * sigmoid(mean over pixels) over a channels-last tensor: one kernel, whose pixel loop
+    runs outside a loop over the channel lanes (unit stride; with the lanes outside, each walked
+    the pixels 512 bytes apart: 8.9 ms against 0.33 at (8, 128, 56, 56)) and whose sigmoid runs
+    once per channel into a lane array, not once per pixel."""
+    x = torch.randn(2, 48, 10, 12).to(memory_format=torch.channels_last)
+    _compile(lambda x: x * x.mean((2, 3), keepdim=True).sigmoid(), x, tmp_path=tmp_path)
+    (source,) = [p.read_text() for p in tmp_path.glob("graph_*/cpp_fused_*.cpp")]
+    assert re.search(r"auto mi_lane0_fn = \[&\]\(int64_t mi_lane\) \{[^}]*mi_sigmoid", source), source
+    pixels = re.search(r"for \(int64_t (xi\d) = 0; \1 < 120; \1\+\+\)\n\s*\{\n\s*#pragma omp simd\n\s*for \(int64_t mi_lane", source)
+    assert pixels and not _strided_simd_stores(source), source

@@ -49,6 +49,7 @@ from minductor.codegen.cpp_rewrites import (
     prefetch_next_rows,
     prefetch_row_stores,
 )
+from minductor.codegen.cpp_lanes import emit_lanes_inside, lanes_go_inside
 from minductor.codegen.cpp_split_rows import emit_full_reduction, emit_split_rows, full_reduction_first, splits_rows
 from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
 from minductor.codegen.cpp_unit import ARGS_PLACEHOLDER, render_unit
@@ -576,6 +577,9 @@ class CppKernel:
         lane_loop = "for (int64_t mi_lane = 0; mi_lane < mi_count; mi_lane++)"
         bind = f"const int64_t {self.tile_var} = mi_tile + mi_lane;"
         if not red.variables:
+            if lanes_go_inside(self, pw):
+                emit_lanes_inside(self, code, pw, lane_loop, bind)
+                return
             if not pw.variables:
                 code.writeline("#pragma omp simd")
             code.writeline(lane_loop)

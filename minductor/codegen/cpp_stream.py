@@ -170,18 +170,18 @@ _NAME = re.compile(r"[A-Za-z_]\w*")
 _STORE = re.compile(r"(\w+\[.*\] = .*|mi_bad \|= .*);$")
 
 
-def hoist_invariant_lines(body: list[str], var: str) -> tuple[list[str], list[str]]:
+def hoist_invariant_lines(body: list[str], var: str | set[str]) -> tuple[list[str], list[str]]:
     """The body's definitions (and bounds checks of indices) that do not depend on ``var``, to
     run once before the loops, and the rest. An embedding row or an ``index_select`` reads its
     index and checks it once per row: computed per line of 16 lanes, inside the loop that
     streams, the suite's index_select took 10.8-11.2 ms against 2.3 ms hoisted (ordinary
     stores, the check left to the compiler: 4.4-5.2 ms; one process on a Xeon). Loads from a
     pointer the body also stores through stay in the loop; a body with any other statement (a
-    lambda a mask calls only where it holds) hoists nothing."""
+    lambda a mask calls only where it holds) hoists nothing. ``var``: a loop variable, or several."""
     if not all(_DEF.match(t) or _CHECK.match(t) or _STORE.match(t) for t in (line.strip() for line in body)):
         return [], body
     stored = {m.group(1) for line in body if (m := re.match(r"(\w+)\[", line.strip()))}
-    varying, hoisted, rest = {var, "mi_lane", "mi_line"}, [], []
+    varying, hoisted, rest = ({var} if isinstance(var, str) else set(var)) | {"mi_lane", "mi_line"}, [], []
     for line in body:
         text = line.strip()
         m = _DEF.match(text) or _CHECK.match(text)
