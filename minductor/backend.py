@@ -57,7 +57,8 @@ _CORE_EXTRAS = [
 ]
 # decompositions we drop because a direct lowering is better
 _KEEP_WHOLE = [aten.clamp_min, aten.clamp_max, aten.index_add, aten.roll, aten.reflection_pad1d, aten.reflection_pad2d,
-               aten.reflection_pad3d, aten.replication_pad1d, aten.replication_pad2d, aten.replication_pad3d]
+               aten.reflection_pad3d, aten.replication_pad1d, aten.replication_pad2d, aten.replication_pad3d,
+               aten.reflection_pad1d_backward, aten.reflection_pad2d_backward, aten.reflection_pad3d_backward]
 
 
 @functools.cache

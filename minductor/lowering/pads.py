@@ -127,6 +127,46 @@ def _replication_backward(n: int) -> Callable[[TensorBox, TensorBox, Sequence[An
     return lowering
 
 
+def _reflection_backward(n: int) -> Callable[[TensorBox, TensorBox, Sequence[Any]], TensorBox]:
+    """Each input position ``i`` sums the outputs that mirror it, in increasing output order
+    (eager's scatter order): the left mirror ``pad - i`` (``1 <= i <= pad``), itself, the right
+    mirror (``size-1-pad_hi <= i <= size-2``). Inside both pads it is a copy (the interior
+    loops drop the masks). The decomposition read the gradient through 9 index tensors with
+    clamps: (8, 64, 56, 56) by 2, 702 us for its kernel."""
+
+    def lowering(grad: TensorBox, x: TensorBox, padding: Sequence[Any]) -> TensorBox:
+        name = f"reflection_pad{n}d_backward"
+        pads = [int(p) for p in padding]
+        if len(pads) != 2 * n or any(p < 0 for p in pads):
+            raise Unsupported(f"{name} with padding {pads}")
+        in_sizes = _spatial(x, n, name)
+        lows = [pads[2 * (n - 1 - d)] for d in range(n)]
+        highs = [pads[2 * (n - 1 - d) + 1] for d in range(n)]
+        # per dim, the outputs that may mirror an input position, in increasing output order
+        kinds = [[k for k, present in (("left", lo > 0), ("inside", True), ("right", hi > 0)) if present]
+                 for lo, hi in zip(lows, highs)]
+        g_load = grad.make_loader()
+
+        def candidate(d: int, pos: Expr, j: int) -> tuple[Expr, Any]:
+            size, lo, hi = in_sizes[d], lows[d], highs[d]
+            kind = kinds[d][j]
+            if kind == "inside":
+                return pos + lo, None
+            if kind == "left":
+                return lo - pos, _in_range(pos, 1, lo + 1)
+            return 2 * (size - 1) + lo - pos, _in_range(pos, size - 1 - hi, size - 1)
+
+        def contribution(outer: list[Expr], opos: list[Expr], pos: list[Expr]) -> Any:
+            return g_load(outer + opos)
+
+        return _gather_sum(grad, x.get_size(), n, [len(k) for k in kinds], candidate, contribution, grad.get_dtype(), name)
+
+    return lowering
+
+
+register_lowering(aten.reflection_pad1d_backward)(_reflection_backward(1))
+register_lowering(aten.reflection_pad2d_backward)(_reflection_backward(2))
+register_lowering(aten.reflection_pad3d_backward)(_reflection_backward(3))
 register_lowering(aten.replication_pad1d_backward)(_replication_backward(1))
 register_lowering(aten.replication_pad2d_backward)(_replication_backward(2))
 register_lowering(aten.replication_pad3d_backward)(_replication_backward(3))
