@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from collections.abc import Iterator, Sequence
 
 import sympy
@@ -44,6 +45,19 @@ def to_storage(dtype: torch.dtype, value: str) -> str:
     if dtype == torch.bfloat16:
         return f"mi_float_to_bf16({value})"
     return f"static_cast<{CPP_STORAGE_TYPES[dtype]}>({value})"
+
+
+def stored_bits(cache: dict[str, str], dtype: torch.dtype, value: str) -> str:
+    """``value`` as ``dtype`` is stored; a half or bfloat16 value read from memory as it is
+    (``cache``: a kernel's CSE expressions -> names), the load itself: its 16 bits (an embedding
+    row, a gather: the float round trip cost 45 instructions per 32 bfloat16 elements and made
+    NaN payloads canonical, which eager's copy keeps)."""
+    if dtype in (torch.float16, torch.bfloat16):
+        source = next((e for e, v in cache.items() if v == value), "")
+        access = source[len(from_storage(dtype, "")) - 1:-1]
+        if access and source == from_storage(dtype, access) and re.fullmatch(r"\w+\[[^\[\]]*\]", access):
+            return access
+    return to_storage(dtype, value)
 
 
 def indent_of(line: str) -> str:

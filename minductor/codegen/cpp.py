@@ -25,6 +25,7 @@ from minductor.codegen.common import (
     cpp_index,
     from_storage,
     paren,
+    stored_bits,
     to_storage,
 )
 from minductor.codegen.cpp_calls import may_batch
@@ -202,7 +203,7 @@ class CppKernel:
             current = self.load(name, index) if buffer is self.body else None
             assert current is not None, "combining stores happen in loop bodies"
             value = self.cse.generate(self.body, store_combine(mode, current, value))
-        buffer.writeline(f"{arg}[{self.index_str(index)}] = {self.stored_bits(dtype, value)};")
+        buffer.writeline(f"{arg}[{self.index_str(index)}] = {stored_bits(self.cse.cache, dtype, value)};")
         if buffer is self.body and mode is None:
             self.body_stores.append((arg, self.merged(index), dtype))
             self.body_store_names.append(name)
@@ -211,17 +212,6 @@ class CppKernel:
             # buffers may share it (written over in place), so loads cached before it are stale
             through = re.compile(rf"(?<!\w){arg}\[")
             self.cse.cache = {expr: var for expr, var in self.cse.cache.items() if not through.search(expr)}
-
-    def stored_bits(self, dtype: torch.dtype, value: str) -> str:
-        """``value`` as ``dtype`` is stored; a half or bfloat16 value read from memory as it is,
-        its 16 bits (an embedding row, a gather: the float round trip cost 45 instructions per
-        32 elements and made NaN payloads canonical, which eager's copy keeps)."""
-        if dtype in (torch.float16, torch.bfloat16):
-            source = next((e for e, v in self.cse.cache.items() if v == value), "")
-            access = source[len(from_storage(dtype, "")) - 1:-1]
-            if access and source == from_storage(dtype, access) and re.fullmatch(r"\w+\[[^\[\]]*\]", access):
-                return access
-        return to_storage(dtype, value)
 
     def masked(self, mask: str, body: Callable[[], Any], other: bool | float) -> str:
         """``mask ? body() : other``. The body's loads read element 0 in masked-off lanes, so
