@@ -74,7 +74,8 @@ def emit_lanes_inside(kernel: CppKernel, code: CodeBuffer, pw: MergedDims, lane_
         code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
         code.writeline("{")
         code._indent += 1
-    code.writeline("#pragma omp simd")
+    checks = any(line.startswith("mi_bad") for line in rest)  # (an index's bounds check)
+    code.writeline("#pragma omp simd" + (" reduction(|:mi_bad)" if checks else ""))
     code.writeline(lane_loop)
     with code.indent():
         code.writeline(bind)
