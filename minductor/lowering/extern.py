@@ -87,12 +87,11 @@ def _vector_product(a: TensorBox, b: TensorBox) -> TensorBox | None:
 
     *batch, m, k = (sympy.sympify(e) for e in a.get_size())
     n = sympy.sympify(b.get_size()[-1])
-    if not (m.is_Integer and k.is_Integer and n.is_Integer) or int(k) < 2 or min(int(m), int(n)) > FEW_ROWS:
+    if not (m.is_Integer and k.is_Integer and n.is_Integer) or int(k) < 2:
         return None
-    if int(n) > 2 and (int(m) > 2 or int(n) > int(m)):
-        few_rows = int(m) <= FEW_ROWS and int(n) >= FEW_ROWS_MIN_COLS and int(k) <= FEW_ROWS_MAX_DEPTH
-        if not few_rows:
-            return None
+    few_rows = int(m) <= FEW_ROWS and int(n) >= FEW_ROWS_MIN_COLS and int(k) <= FEW_ROWS_MAX_DEPTH
+    if min(int(m), int(n)) > 2 and not few_rows:
+        return None
     dtype = a.get_dtype()
     if not dtype.is_floating_point or b.get_dtype() != dtype:
         return None
@@ -103,7 +102,7 @@ def _vector_product(a: TensorBox, b: TensorBox) -> TensorBox | None:
         out = sum_(mul(view(a, [*batch, k, one]), b), [lead], keepdim=True)
     elif int(n) == 1:  # (..., m, k) * (..., 1, k), summed over k
         out = sum_(mul(a, view(b, [*batch, one, k])), [lead + 1], keepdim=True)
-    elif int(m) <= 2:  # (..., m, k, 1) * (..., 1, k, n), summed over k
+    elif int(m) <= 2 or not few_rows:  # (..., m, k, 1) * (..., 1, k, n), summed over k
         out = sum_(mul(view(a, [*batch, m, k, one]), view(b, [*batch, one, k, n])), [lead + 1])
     else:  # (..., n, 1, k) * (..., 1, m, k), summed over k: column by column, the rows inside
         b_t = permute(b, [*range(lead), lead + 1, lead])
