@@ -115,7 +115,7 @@ def _conversions(body: list[str], var: str, base: str, lane: str, n: str,
 def convert_halves_in_blocks(lines: list[str]) -> list[str]:
     """``lines`` (a kernel's C++) with the half conversions of its lane loops and plain ``omp
     simd`` loops done in blocks (see the module docstring)."""
-    if not any("mi_half_to_float(" in line or "mi_float_to_half(" in line for line in lines):
+    if not any(f"mi_{k}_to_float(" in line or f"mi_float_to_{k}(" in line for line in lines for k in ("half", "bf16")):
         return lines
     out: list[str] = []
     i = 0
@@ -162,7 +162,7 @@ def _blocked_loop(lines: list[str], at: int, parallel: bool) -> tuple[list[str],
     if found is None:
         return None
     body, end = found
-    before, blocked, after = _conversions(body, var, "mi_hb", f"{var} - mi_hb", str(BLOCK))
+    before, blocked, after = _conversions(body, var, "mi_hb", f"{var} - mi_hb", str(BLOCK), ("half", "bf16"))
     if not before:
         return None
     pad, inner = indent_of(lines[at]), indent_of(lines[at]) + "    "

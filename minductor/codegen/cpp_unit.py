@@ -39,7 +39,7 @@ def render_unit(kernel: CppKernel, code: CodeBuffer) -> str:
     if (kernel.scatters and not kernel.scatter_chunks) or (kernel.gathers and not vector_gathers_pay_off()):
         code.lines = _without_simd(code.lines)
         kernel.helpers = [(fn, extra, _buffer(_without_simd(block.lines))) for fn, extra, block in kernel.helpers]
-    if "mi_half_to_float(" in text or "mi_float_to_half(" in text:  # (a kernel may only store halves)
+    if any(f"mi_{k}_to_float(" in text or f"mi_float_to_{k}(" in text for k in ("half", "bf16")):  # (or only store them)
         code.lines = convert_halves_in_blocks(code.lines)
         kernel.helpers = [(fn, extra, _buffer(convert_halves_in_blocks(block.lines))) for fn, extra, block in kernel.helpers]
     if kernel.parallel_if:
