@@ -11,7 +11,8 @@ their conversions done apart, a block at a time, by ``mi_halves_to_floats`` /
   of halves into a float array before the lane loop, which then reads the array;
 - an ``omp simd`` loop (a row's pointwise loop; a one-dimensional kernel's ``omp parallel for
   simd`` loop, whose threads then take the blocks) runs in blocks of ``BLOCK``: each block's
-  halves are converted first, its half results are written to a float array and converted
+  halves (and bfloat16 values: shifts and roundings out of the math loop, a bf16 gelu 9%
+  faster) are converted first, its 16-bit results are written to a float array and converted
   after it; the remainder runs the loop as it was;
 - rows scanned together (``cpp_scan``) step through blocks of their half or bfloat16 values
   (``blocked_scan_rows``).
