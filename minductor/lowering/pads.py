@@ -15,6 +15,15 @@ from minductor.lowering.windows import I64, _gather_sum, _in_range, _pointwise, 
 Expr = sympy.Expr
 
 
+def _sides(x: TensorBox, padding: Sequence[Any], n: int, name: str) -> tuple[list[int], list[int], list[int]]:
+    """The sizes of ``x``'s last ``n`` dims and the padding before and after each (``padding``
+    lists the last dim's first, as ``F.pad`` does)."""
+    pads = [int(p) for p in padding]
+    if len(pads) != 2 * n or any(p < 0 for p in pads):
+        raise Unsupported(f"{name} with padding {pads}")
+    return _spatial(x, n, name), [pads[2 * (n - 1 - d)] for d in range(n)], [pads[2 * (n - 1 - d) + 1] for d in range(n)]
+
+
 def _index_pad(x: TensorBox, padding: Sequence[Any], n: int, name: str,
                source: Callable[[Expr, int], tuple[Expr, Expr]]) -> TensorBox:
     """``x`` padded along its last ``n`` dims, the border read from ``source(i, size)``: for
@@ -25,13 +34,8 @@ def _index_pad(x: TensorBox, padding: Sequence[Any], n: int, name: str,
     tables a (16, 64, 56, 56) reflection by 2 took 340-346 us, now 215-235 (eager 233-298);
     with every dim a select, a 3-d reflection ran 27 masked loads (gathers) per border element:
     2.9 ms against the tables' 1.5."""
-    pads = [int(p) for p in padding]
-    if len(pads) != 2 * n or any(p < 0 for p in pads):
-        raise Unsupported(f"{name} with padding {pads}")
-    in_sizes = _spatial(x, n, name)
+    in_sizes, lows, highs = _sides(x, padding, n, name)
     lead = len(x.get_size()) - n
-    lows = [pads[2 * (n - 1 - d)] for d in range(n)]
-    highs = [pads[2 * (n - 1 - d) + 1] for d in range(n)]
     size = list(x.get_size()[:-n]) + [sympy.Integer(i + lo + hi) for i, lo, hi in zip(in_sizes, lows, highs)]
     load = x.make_loader()
 
@@ -102,12 +106,7 @@ def _replication_backward(n: int) -> Callable[[TensorBox, TensorBox, Sequence[An
 
     def lowering(grad: TensorBox, x: TensorBox, padding: Sequence[Any]) -> TensorBox:
         name = f"replication_pad{n}d_backward"
-        pads = [int(p) for p in padding]
-        if len(pads) != 2 * n or any(p < 0 for p in pads):
-            raise Unsupported(f"{name} with padding {pads}")
-        in_sizes = _spatial(x, n, name)
-        lows = [pads[2 * (n - 1 - d)] for d in range(n)]
-        highs = [pads[2 * (n - 1 - d) + 1] for d in range(n)]
+        in_sizes, lows, highs = _sides(x, padding, n, name)
         counts = [lo + hi + 1 if size == 1 else max(lo, hi) + 1 for lo, hi, size in zip(lows, highs, in_sizes)]
         g_load = grad.make_loader()
 
@@ -136,12 +135,7 @@ def _reflection_backward(n: int) -> Callable[[TensorBox, TensorBox, Sequence[Any
 
     def lowering(grad: TensorBox, x: TensorBox, padding: Sequence[Any]) -> TensorBox:
         name = f"reflection_pad{n}d_backward"
-        pads = [int(p) for p in padding]
-        if len(pads) != 2 * n or any(p < 0 for p in pads):
-            raise Unsupported(f"{name} with padding {pads}")
-        in_sizes = _spatial(x, n, name)
-        lows = [pads[2 * (n - 1 - d)] for d in range(n)]
-        highs = [pads[2 * (n - 1 - d) + 1] for d in range(n)]
+        in_sizes, lows, highs = _sides(x, padding, n, name)
         # per dim, the outputs that may mirror an input position, in increasing output order
         kinds = [[k for k, present in (("left", lo > 0), ("inside", True), ("right", hi > 0)) if present]
                  for lo, hi in zip(lows, highs)]
