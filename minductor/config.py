@@ -96,7 +96,8 @@ stream_store_min_bytes: int = _env_int("MINDUCTOR_STREAM_STORE_MIN_BYTES", 16 <<
 # on the next call, and the output's reader finds it there, unless the stores bypassed it:
 # int8 -> float32 dequantization of 4096x1024 (4 + 16 MB, a 32 MB L3) ran 410-465 us
 # streamed, 110-130 us not; at 48 MB and more the streamed stores win (x + y with a 16 MB
-# output, 560 against 626 us). 0: the output's size alone decides.
+# output, 560 against 626 us). Row kernels (with a reduction) stream whatever their footprint
+# (cpp_stream.streamable_buffer). 0: the output's size alone decides.
 stream_store_min_footprint: int = _env_int("MINDUCTOR_STREAM_STORE_MIN_FOOTPRINT", -1)
 
 # Which library runs float32 matrix products on CPU (mm, and addmm with a vector bias): "mkl"

@@ -117,6 +117,9 @@ def test_only_kernels_too_big_for_the_cache_stream(tmp_path) -> None:
     assert "mi_stream_store(" not in compiled_code(dequantize, q, tmp_path=tmp_path / "dq", min_footprint=500_000)
     assert "mi_stream_store(" in compiled_code(add, x, y, tmp_path=tmp_path / "add", min_footprint=500_000)
     assert "mi_stream_store(" in compiled_code(dequantize, q, tmp_path=tmp_path / "dq0", min_footprint=0)
+    # a row kernel streams whatever its footprint (its second pass reads the row from L1)
+    assert "mi_stream_store(" in compiled_code(lambda x: F.layer_norm(x, (64,)), x, tmp_path=tmp_path / "ln",
+                                               min_footprint=1 << 40)
     # symbolic sizes: the footprint is tested at run time, next to the output's size
     code = compiled_code(add, x, y, tmp_path=tmp_path / "dynamic", min_footprint=500_000, dynamic=True)
     assert "mi_stream_store(" in code and ">= 500000" in code
