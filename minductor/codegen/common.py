@@ -54,9 +54,10 @@ def stored_bits(cache: dict[str, str], dtype: torch.dtype, value: str) -> str:
     NaN payloads canonical, which eager's copy keeps)."""
     if dtype in (torch.float16, torch.bfloat16):
         source = next((e for e, v in cache.items() if v == value), "")
-        access = source[len(from_storage(dtype, "")) - 1:-1]
-        if access and source == from_storage(dtype, access) and re.fullmatch(r"\w+\[[^\[\]]*\]", access):
-            return access
+        function = re.escape(from_storage(dtype, "").removesuffix("()"))
+        converted = re.fullmatch(rf"{function}\((\w+\[[^\[\]]*\])\)", source)
+        if converted:  # (a load: a pointer and an index with no nested subscript)
+            return converted.group(1)
     return to_storage(dtype, value)
 
 

@@ -43,27 +43,20 @@ def emit_lanes_inside(kernel: CppKernel, code: CodeBuffer, pw: MergedDims, lane_
     hoisted, rest = hoist_invariant_lines(body, {str(v) for v in pw.variables})
     if any(line.startswith("mi_bad") for line in hoisted):  # (checks stay where they reduce)
         hoisted, rest = [], body
-    # of those, the ones that vary with the lane: the others (constants) run once, as they are
-    lane_dependent, scalars = {str(kernel.tile_var)}, []
-    for line in hoisted:
-        name = line.split(" = ", 1)[0].removeprefix("auto ")
-        if set(re.findall(r"\b\w+\b", line.split(" = ", 1)[-1])) & lane_dependent:
-            lane_dependent.add(name)
-        else:
-            scalars.append(line)
+    # of those, the ones that vary with the lane; the others (constants) run once, as they are
+    scalars, per_lane = hoist_invariant_lines(hoisted, str(kernel.tile_var))
     for line in scalars:
         code.writeline(line)
     read = {name for line in rest for name in re.findall(r"\btmp\d+\b", line)}
-    used = [name for line in hoisted if (name := line.split(" = ", 1)[0].removeprefix("auto ")) in read & lane_dependent]
+    used = [name for line in per_lane if (name := line.split(" = ", 1)[0].removeprefix("auto ")) in read]
     replaced = {}
     for k, name in enumerate(used):
         array = f"mi_lane{k}"
         code.writeline(f"auto {array}_fn = [&](int64_t mi_lane) {{")
         with code.indent(open_brace=False):
             code.writeline(bind)
-            for line in hoisted:
-                if line not in scalars:
-                    code.writeline(line)
+            for line in per_lane:
+                code.writeline(line)
             code.writeline(f"return {name};")
         code.writeline("};")
         code.writeline(f"alignas(64) mi_table_t<decltype({array}_fn(0))> {array}[{kernel.outer_lanes}];")

@@ -77,9 +77,13 @@ def streamable_buffer(kernel: CppKernel, name: str) -> bool:
     at 2048^2, also 32 MB: streamed 248, not 182; one process, alternating)."""
     if config.stream_store_min_bytes <= 0 or name in kernel.read_names() or V.graph.get_dtype(name) != torch.float32:
         return False
-    numel, total = sympy.Mul(*V.graph.get_buffer(name).get_size()), footprint(kernel)
-    return ((not numel.is_number or int(numel) * 4 >= config.stream_store_min_bytes)
-            and (not total.is_number or int(total) >= min_footprint() or kernel.group.has_reduction()))
+    numel = sympy.Mul(*V.graph.get_buffer(name).get_size())
+    if numel.is_number and int(numel) * 4 < config.stream_store_min_bytes:
+        return False
+    if kernel.group.has_reduction():
+        return True
+    total = footprint(kernel)
+    return not total.is_number or int(total) >= min_footprint()
 
 
 def stream_condition(kernel: CppKernel, name: str) -> str:
