@@ -1,6 +1,7 @@
 """GraphLowering (aten FX graph -> IR) and ``compile_graph``, the whole pipeline."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import operator
@@ -44,6 +45,7 @@ class GraphLowering(torch.fx.Interpreter):
         self._input_index = 0
         self.sizevars = SizeVars(example_inputs)
         self.symbol_inputs: dict[str, sympy.Expr] = {}  # SymInt graph inputs, by placeholder name
+        self.donated_inputs: frozenset[str] = frozenset()  # a backward's inputs it may write over
         self.dump: Any = None  # the debug dump (debug.GraphDump) when config.debug is on
         self._order: dict[torch.fx.Node, int] | None = None  # the graph's nodes, numbered in order
 
@@ -371,7 +373,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
         return graph_cache.CompiledGraph.uncached(kind, _run_aten_graph(gm), f"runs through aten: {reason}")
     t0 = time.perf_counter()
     dump = debug.maybe_graph_dump(kind)
-    key = graph_cache.graph_key(gm, example_inputs, kind) if dump is None else None
+    donated = donated_inputs(gm, example_inputs, kind)
+    key = graph_cache.graph_key(gm, example_inputs, kind, donated) if dump is None else None
     entry = graph_cache.load(key) if key is not None else None
     if entry is not None:
         constants = graph_cache.constants_of(gm, entry)
@@ -380,7 +383,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
         return graph_cache.CompiledGraph(kind, call, entry, constants, _not_in_aot_cache(gm),
                                          output_strides=entry.output_strides)
     before = graph_cache.metrics_snapshot()
-    result = _compile(gm, example_inputs, kind, dump)
+    result = _compile(gm, example_inputs, kind, dump, donated)
     if result is None:
         return graph_cache.CompiledGraph.uncached(kind, _run_aten_graph(gm), "runs through aten")
     call, graph, module = result
@@ -405,7 +408,31 @@ def _not_in_aot_cache(gm: torch.fx.GraphModule) -> str:
     return ""
 
 
-def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str, dump: Any) -> Any:
+def donated_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> frozenset[str]:
+    """A backward graph's inputs whose storage is ours once read: saved tensors AOTAutograd
+    donates (aliasing no forward input or output and no gradient; it forbids
+    ``retain_graph=True`` for such a backward, and compiles one without donations for it), and
+    aliasing no other input of the backward either. The wrapper writes over them in place or
+    hands their storage to a later buffer (``codegen/memory.py``), as it does with its own."""
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    idxs = getattr(meta, "bw_donated_idxs", None)
+    if kind != "backward" or not idxs:
+        return frozenset()
+    names = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    storages = collections.Counter(_storage_key(x) for x in example_inputs if isinstance(x, torch.Tensor))
+    return frozenset(names[i] for i in idxs if i < len(names) and i < len(example_inputs)
+                     and isinstance(example_inputs[i], torch.Tensor) and storages[_storage_key(example_inputs[i])] == 1)
+
+
+def _storage_key(t: torch.Tensor) -> Any:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(t.untyped_storage())
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str, dump: Any,
+             donated: frozenset[str] = frozenset()) -> Any:
     """Lower, schedule, generate and load: (call, graph, wrapper module), or None when the
     graph holds something minductor cannot compile (it then runs through aten)."""
     from minductor.codegen.wrapper import WrapperCodegenError, generate_wrapper
@@ -419,6 +446,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
         dump.write("fx_graph.py", gm.print_readable(print_output=False))
     graph = GraphLowering(gm, example_inputs)
     graph.kind = kind  # "inference", "forward" or "backward"
+    graph.donated_inputs = donated
     graph.dump = dump  # lowerings that build their own computations (XLA) dump them here
     try:
         with V.set_graph(graph):

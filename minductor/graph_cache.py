@@ -157,8 +157,9 @@ def xla_state(gm: torch.fx.GraphModule) -> list[Any]:
     return [("jax", jax_available())]
 
 
-def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> str:
-    parts: list[Any] = [*compiler_state(), kind, *xla_state(gm)]
+def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
+              donated: frozenset[str] = frozenset()) -> str:
+    parts: list[Any] = [*compiler_state(), kind, *xla_state(gm), sorted(donated)]
     for name, module in gm.named_modules():
         if isinstance(module, torch.fx.GraphModule):
             parts.append((name, module.code))

@@ -76,15 +76,31 @@ def test_second_call_compiles_nothing() -> None:
 
 @pytest.mark.parametrize("n, kernels", [(8, 1), (256, 2)])
 def test_big_loops_under_a_full_reduction_stay_apart(n: int, kernels: int) -> None:
-    """A full reduction shares no outer loop: a big pointwise sibling fused into its kernel
-    would be a second pass run on one thread, so it gets a kernel of its own; small ones and a
-    second reduction of the same nest still fuse."""
+    """A full reduction shares no outer loop: a big pointwise loop after it in its kernel (one
+    that reads the reduction's result) would be a second pass run on one thread, so it gets a
+    kernel of its own; small ones and a second reduction of the same nest still fuse."""
     x = torch.randn(n, n, generator=torch.Generator().manual_seed(0))
     # (a float32 sum of 65536 values in another order than eager's: ~1e-4 apart at times)
-    assert kernels_after_first_call(lambda x: (x.relu() * 2, x.sum()), x, rtol=1e-5, atol=1e-3) == kernels
+    assert kernels_after_first_call(lambda x: (x - x.mean()) * 2, x, rtol=1e-5, atol=1e-3) == kernels
     torch._dynamo.reset()
     metrics.reset()
     assert kernels_after_first_call(lambda x: (x.sum(), x.amax()), x, rtol=1e-5, atol=1e-3) == 1
+
+
+@pytest.mark.parametrize("n", [8, 256])
+def test_pointwise_siblings_of_a_full_reduction_share_its_pass(n: int, tmp_path) -> None:
+    """A pointwise sibling over the elements a full reduction reduces (``x - y`` saved for the
+    backward of ``((x - y) ** 2).sum()``) is stored inside the reduction's loop, each thread
+    over its chunk: one kernel, one pass over the inputs."""
+    x, y = torch.randn(n, n), torch.randn(n, n)
+    # (Triton: a full reduction runs as few programs, its big siblings apart)
+    expected = 2 if config.cpu_backend == "triton" and n == 256 else 1
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        assert kernels_after_first_call(lambda x, y: (((x - y) ** 2).sum(), x - y, x.relu() * 2), x, y,
+                                        rtol=1e-5, atol=1e-3) == expected
+    if n == 256 and config.cpu_backend == "cpp":
+        kernel = next(tmp_path.glob("graph_*/cpp_fused_*.cpp")).read_text()
+        assert kernel.count("#pragma omp parallel") == 1 and "mi_begin" in kernel, kernel
 
 
 @pytest.mark.parametrize("n, kernels", [(32, 1), (512, 2)])

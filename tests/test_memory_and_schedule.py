@@ -185,3 +185,51 @@ def test_training_graphs_hold_no_storages_across_calls(tmp_path) -> None:
     assert {"forward", "backward", "inference"} <= set(codes), sorted(codes)
     assert "mi_pool.take(" not in codes["forward"] and "mi_pool.take(" not in codes["backward"]
     assert "mi_pool.take(" in codes["inference"]
+
+
+def _backward_code(tmp_path) -> str:
+    return next(tmp_path.glob("graph_*_backward/output_code.py")).read_text()
+
+
+def test_backward_writes_over_the_saved_tensors_aotautograd_donates(tmp_path) -> None:
+    """A saved activation nothing else holds (AOTAutograd's donated buffers) dies in the
+    backward: its storage takes the gradient in place instead of a fresh allocation."""
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(a, b, reduction="none").square().sum()
+
+    a, b = torch.randn(64, 128, requires_grad=True), torch.randn(64, 128)
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        grad, = torch.autograd.grad(torch.compile(fn, backend="minductor")(a, b), a)
+    torch.testing.assert_close(grad, torch.autograd.grad(fn(a, b), a)[0])
+    code = _backward_code(tmp_path)
+    assert "buf0 = sub; del sub  # reuse in place" in code, code
+    assert "empty" not in code.split("def call")[1], code
+
+
+def test_saved_views_of_one_storage_are_not_written_over(tmp_path) -> None:
+    """Two saved tensors on one storage (chunks of one activation): writing over one would
+    change the other, so neither is donated to the backward's buffers."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        a, b = torch.ops.aten.split.Tensor(x.exp(), 64, 1)
+        return (a.sin() * b.cos() + a * b).sum()
+
+    x = torch.randn(32, 128, requires_grad=True)
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        grad, = torch.autograd.grad(torch.compile(fn, backend="minductor")(x), x)
+    torch.testing.assert_close(grad, torch.autograd.grad(fn(x), x)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_retain_graph_backward_compiles_without_donations(tmp_path) -> None:
+    """``retain_graph=True`` reads the saved tensors twice: AOTAutograd compiles such a
+    backward without donated buffers, and both gradients match eager."""
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return ((a - b) ** 2 * a).sum()
+
+    a, b = torch.randn(64, 128, requires_grad=True), torch.randn(64, 128)
+    expected = torch.autograd.grad(fn(a, b), a)[0]
+    with config.patch(cache_dir=str(tmp_path)):
+        loss = torch.compile(fn, backend="minductor")(a, b)
+        first = torch.autograd.grad(loss, a, retain_graph=True)[0]
+        second = torch.autograd.grad(loss, a)[0]
+    torch.testing.assert_close(first, expected)
+    torch.testing.assert_close(second, expected)

@@ -51,7 +51,8 @@ from minductor.codegen.cpp_rewrites import (
     prefetch_row_stores,
 )
 from minductor.codegen.cpp_lanes import emit_lanes_inside, lanes_go_inside
-from minductor.codegen.cpp_split_rows import emit_full_reduction, emit_split_rows, full_reduction_first, splits_rows
+from minductor.codegen.cpp_split_rows import (emit_full_reduction, emit_split_rows, fold_siblings, full_reduction_first,
+                                              splits_rows)
 from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
 from minductor.codegen.cpp_unit import ARGS_PLACEHOLDER, render_unit
 from minductor.codegen.loop_shapes import (
@@ -363,6 +364,8 @@ class CppKernel:
             other = math.prod(V.graph.sizevars.hint(size) for size in merged_outer.sizes[:-1])
             width = planning_size(merged_outer.sizes[-1], OUTER_LANE_WIDTHS[0] * torch.get_num_threads())
             self.outer_lanes = outer_lane_width(width, torch.get_num_threads(), other)
+        if n_outer == 0 and parallel:
+            loops = fold_siblings(loops)
         if n_outer == 0 and parallel and full_reduction_first(loops):
             self.local = {b: f"mi_local{i}" for i, b in enumerate(register_results(self.group, self.internal))}
             emit_full_reduction(self, code, loops)

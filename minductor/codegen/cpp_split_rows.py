@@ -88,12 +88,30 @@ def emit_split_rows(kernel: Any, code: CodeBuffer, outer: MergedDims, loops: lis
     code.writeline("}")
 
 
+def fold_siblings(loops: list[Loop]) -> list[Loop]:
+    """A kernel with no outer loop: pointwise loops over the elements a full reduction reduces,
+    reading nothing the kernel writes (``fusion._one_pass``), join the reduction's loop, first
+    in its body: one pass over the inputs, each thread storing its chunk."""
+    reductions = [lp for lp in loops if lp.red and not lp.pw_inner]
+    if len(reductions) != 1:
+        return loops
+    red = reductions[0]
+    siblings = [lp for lp in loops if not lp.red and list(lp.pw_inner) == list(red.red)]
+    if not siblings:
+        return loops
+    written = {d.name for lp in loops for n in lp.nodes for d in n.read_writes.writes}
+    if any(d.name in written for lp in [red, *siblings] for n in lp.nodes for d in n.read_writes.reads):
+        return loops
+    joined = Loop([n for lp in siblings for n in lp.nodes] + red.nodes, [], list(red.red))
+    return [joined] + [lp for lp in loops if lp is not red and not any(lp is s for s in siblings)]
+
+
 def full_reduction_first(loops: list[Loop]) -> bool:
     """Whether a kernel with no outer loop is a full reduction followed by small epilogues
     only (``x.mean()``: the sum, then its division), which run on one thread after it."""
     first, *rest = loops
-    if not all(n.is_reduction() for n in first.nodes):
-        return False
+    if not first.red or first.pw_inner or not any(n.is_reduction() for n in first.nodes):
+        return False  # (pointwise siblings may share the reduction's loop: fold_siblings)
     return all(not lp.red and planning_size(sympy.Mul(*lp.pw_inner), PARALLEL_THRESHOLD) < PARALLEL_THRESHOLD
                for lp in rest)
 

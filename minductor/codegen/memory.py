@@ -23,7 +23,7 @@ import torch
 from minductor import config, metrics
 from minductor.codegen.common import py_index, py_shape
 from minductor.ir.layout import FixedLayout
-from minductor.ir.nodes import Buffer, ComputedBuffer, ExternKernelAlloc, ExternKernelOut, FallbackKernel
+from minductor.ir.nodes import Buffer, ComputedBuffer, ExternKernelAlloc, ExternKernelOut, FallbackKernel, InputBuffer
 from minductor.scheduler.deps import MemoryDep
 from minductor.scheduler.fusion import inner_vars, reads_only_at
 from minductor.scheduler.nodes import ExternSchedulerNode, FusedGroup
@@ -142,16 +142,25 @@ def plan_written_over(graph: Any, units: list[Any], last_use: dict[str, int], ou
 
 def _overwritable(graph: Any, units: list[Any], outputs: set[str], local: set[str] | frozenset[str]) -> dict[str, Buffer]:
     """Buffers whose storage is ours to write over once they die: kernel outputs, extern
-    ``.out`` results and allocating externs (convolution); never graph inputs, constants or
-    outputs, nor storages a fallback's view may alias."""
+    ``.out`` results, allocating externs (convolution) and a backward's donated inputs; never
+    other graph inputs, constants or outputs, nor storages a fallback's view may alias."""
     found: dict[str, Buffer] = {}
     for unit in units:
         bufs = allocated_buffers(unit)
         if isinstance(unit, ExternSchedulerNode) and isinstance(unit.node, ExternKernelAlloc):
             bufs = [unit.node]
         found |= {b.name: b for b in bufs if b.layout is not None and b.layout.offset == 0}
-    blocked = outputs | set(graph.constants) | set(graph.graph_inputs) | set(local) | _no_reuse(graph, units)
+    found |= _donated(graph)
+    blocked = outputs | set(graph.constants) | (set(graph.graph_inputs) - set(_donated(graph))) | set(local) \
+        | _no_reuse(graph, units)
     return {name: buf for name, buf in found.items() if name not in blocked}
+
+
+def _donated(graph: Any) -> dict[str, Buffer]:
+    """A backward's donated inputs (``graph.donated_inputs``): saved tensors nothing else holds
+    once the backward has read them, written over and reused like our own buffers."""
+    return {name: graph.graph_inputs[name] for name in sorted(getattr(graph, "donated_inputs", ()))
+            if name in graph.graph_inputs and graph.graph_inputs[name].layout.offset == 0}
 
 
 def _reads_only_where_written(group: FusedGroup, writer_pos: int, name: str, n_outer: int) -> bool:
@@ -289,6 +298,7 @@ def plan_memory(graph: Any, units: list[Any], last_use: dict[str, int], outputs:
     allocs_by_unit = [[b for b in allocated_buffers(u) if b.name not in local] for u in units]
     last_use = {name: i for name, i in last_use.items() if name not in local}
     ours = {b.name: b for bufs in allocs_by_unit for b in bufs}
+    donated = {name: buf for name, buf in _donated(graph).items() if name not in outputs}
     no_reuse = _no_reuse(graph, units)
     upcoming: collections.Counter[Key] = collections.Counter()
     for bufs in allocs_by_unit:
@@ -333,9 +343,9 @@ def plan_memory(graph: Any, units: list[Any], last_use: dict[str, int], outputs:
                 metrics.buffers_allocated += 1
         frees = []
         for name in sorted(set(frees_at.get(i, [])) - set(over.values())):
-            buf = ours.get(name)
+            buf = ours.get(name) or donated.get(name)
             key = _key(buf.layout) if buf is not None else None
-            if key is not None and name not in no_reuse and isinstance(buf, (ComputedBuffer, ExternKernelOut)) \
+            if key is not None and name not in no_reuse and isinstance(buf, (ComputedBuffer, ExternKernelOut, InputBuffer)) \
                     and len(pool[key]) < upcoming[key] and timeline.try_hold(key, i, len(pool[key])):
                 pool[key].append(name)
             else:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import sympy
 
+from minductor import config
 from minductor.ir.indexing import affine_coeffs, make_vars, value_range
 from minductor.scheduler.deps import MemoryDep
 from minductor.scheduler.nodes import PARALLEL_THRESHOLD, FusedGroup, SchedulerNode
@@ -175,7 +176,7 @@ def can_fuse(a: FusedGroup, b: FusedGroup, nodes_between: bool) -> bool:
     if outer is None:
         return False
     n_outer = len(outer)
-    if n_outer == 0 and len(_big_nests(a.nodes + b.nodes)) > 1:
+    if n_outer == 0 and len(_big_nests(a.nodes + b.nodes)) > 1 and not _one_pass(a, b):
         return False
     if any(_transposes_memo(n) for n in a.nodes + b.nodes) and not _one_pointwise_nest(a.nodes + b.nodes):
         return False
@@ -208,6 +209,27 @@ def _big_nests(nodes: Sequence[SchedulerNode]) -> set[tuple[tuple[Expr, ...], tu
         if not work.is_number or int(work) >= PARALLEL_THRESHOLD:
             nests.add((tuple(n.pw_ranges), tuple(n.red_ranges)))
     return nests
+
+
+def _one_pass(a: FusedGroup, b: FusedGroup) -> bool:
+    """A full reduction and pointwise siblings over the same elements, neither reading the
+    other (``((x - y) ** 2).sum()`` and ``x - y`` saved for backward): C++ codegen stores
+    the pointwise values inside the reduction's loop, each thread over its chunk, in one pass
+    over the inputs (``cpp_split_rows.fold_siblings``)."""
+    nodes = a.nodes + b.nodes
+    if nodes[0].node.get_device().type != "cpu" or config.cpu_backend != "cpp":
+        return False  # (a Triton full reduction runs as few programs: the pointwise would too)
+    reductions = [n for n in nodes if n.is_reduction()]
+    if not reductions or any(n.is_scan() or n.node.mutates for n in nodes):
+        return False
+    red = tuple(reductions[0].red_ranges)
+    if any(tuple(n.red_ranges) != red or n.pw_ranges for n in reductions):
+        return False
+    pointwise = [n for n in nodes if not n.is_reduction()]
+    if any(tuple(n.pw_ranges) != red for n in pointwise):
+        return False
+    written = {d.name for n in nodes for d in n.read_writes.writes}
+    return not any(d.name in written for n in nodes for d in n.read_writes.reads)
 
 
 _TRANSPOSES: weakref.WeakKeyDictionary[SchedulerNode, bool] = weakref.WeakKeyDictionary()
