@@ -15,9 +15,9 @@ from typing import Any
 import sympy
 import torch
 
-from minductor.ir.indexing import ModularIndexing
+from minductor.ir.indexing import ModularIndexing, make_vars, value_range
 from minductor.ir.nodes import Pointwise, TensorBox
-from minductor.ir.ops import ops
+from minductor.ir.ops import DefaultHandler, ops
 from minductor.lowering.pointwise import clone
 from minductor.lowering.registry import (
     common_layout_hint,
@@ -54,6 +54,70 @@ def check_index_dtype(op: str, *indices: Any) -> None:
             raise Unsupported(f"{op} with a {i.get_dtype()} index tensor (aten raises eager's error)")
 
 
+class _NotAffine(Exception):
+    pass
+
+
+class _AffineValues(DefaultHandler):
+    """Evaluates an integer tensor's body as a SymPy expression of its index (aranges and
+    their sums, products with constants, broadcasts); any other op, a load above all, raises."""
+
+    def _default(self, name: str, args: tuple[Any, ...]) -> Any:
+        raise _NotAffine(name)
+
+    def index_expr(self, expr: Expr, dtype: torch.dtype) -> Expr:
+        if dtype not in INDEX_DTYPES:
+            raise _NotAffine("index_expr")
+        return expr
+
+    def constant(self, value: Any, dtype: torch.dtype) -> Expr:
+        if dtype not in INDEX_DTYPES or int(value) != value:
+            raise _NotAffine("constant")
+        return sympy.Integer(int(value))
+
+    def to_dtype(self, x: Expr, dtype: torch.dtype, *args: Any) -> Expr:
+        if dtype not in INDEX_DTYPES:
+            raise _NotAffine("to_dtype")
+        return x
+
+    def add(self, a: Expr, b: Expr) -> Expr:
+        return a + b
+
+    def sub(self, a: Expr, b: Expr) -> Expr:
+        return a - b
+
+    def mul(self, a: Expr, b: Expr) -> Expr:
+        return a * b
+
+    def neg(self, a: Expr) -> Expr:
+        return -a
+
+
+def static_positions(loader: Any, shape: Sequence[Expr], size: Expr, wrap: bool) -> Any:
+    """An index tensor computed from its own index (``arange(0, 56)[:, None] + arange(3)``, as
+    im2col's decomposition builds them), whose every value is in range: a function of the
+    index giving the position as an expression, else None. The read is then an affine one
+    (vectorized, no bounds check) instead of an indirect one."""
+    from minductor.virtualized import V
+
+    syms = make_vars("mi_ix", len(shape))
+    try:
+        with V.set_ops(_AffineValues()):
+            expr = sympy.expand(loader(list(syms)))
+    except (_NotAffine, TypeError, ValueError):
+        return None
+    if not isinstance(expr, sympy.Expr) or not all(sympy.sympify(s).is_Integer for s in [*shape, size]):
+        return None
+    lo, hi = value_range(expr, dict(zip(syms, shape)))
+    if lo is None or hi is None or not (lo.is_Integer and hi.is_Integer):
+        return None
+    if wrap and lo >= -size and hi < 0:
+        expr += size
+    elif lo < 0 or hi >= size:
+        return None
+    return lambda idx: expr.xreplace(dict(zip(syms, idx)))
+
+
 @register_lowering(aten.index.Tensor)
 def index(x: TensorBox, indices: Sequence[Any]) -> TensorBox:
     if any(is_tensor(i) and i.get_dtype() in (torch.bool, torch.uint8) for i in indices):
@@ -71,6 +135,7 @@ def index(x: TensorBox, indices: Sequence[Any]) -> TensorBox:
     after = [d for d in rest if d not in before]
     out_size = [size[d] for d in before] + list(index_shape) + [size[d] for d in after]
     loaders = {d: expand_to(indices[d], index_shape).make_loader() for d in indexed}
+    positions = {d: static_positions(loaders[d], index_shape, size[d], wrap=True) for d in indexed}
     load = x.make_loader()
     n_before, n_index = len(before), len(index_shape)
 
@@ -82,7 +147,8 @@ def index(x: TensorBox, indices: Sequence[Any]) -> TensorBox:
         for d, v in zip(after, idx[n_before + n_index:]):
             full[d] = v
         for d in indexed:
-            full[d] = ops.indirect_indexing(loaders[d](ipart), size[d])
+            at = positions[d]
+            full[d] = at(ipart) if at is not None else ops.indirect_indexing(loaders[d](ipart), size[d])
         return load(full)
 
     return _pointwise(x, out_size, inner_fn, "index", *[indices[d] for d in indexed])
