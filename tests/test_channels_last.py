@@ -248,3 +248,39 @@ def test_squeeze_excitation_scales_pixels_with_the_channels_innermost(tmp_path: 
     assert re.search(r"auto mi_lane0_fn = \[&\]\(int64_t mi_lane\) \{[^}]*mi_sigmoid", source), source
     pixels = re.search(r"for \(int64_t (xi\d) = 0; \1 < 120; \1\+\+\)\n\s*\{\n\s*#pragma omp simd\n\s*for \(int64_t mi_lane", source)
     assert pixels and not _strided_simd_stores(source), source
+
+
+class UpConcatConv(torch.nn.Module):
+    """A U-Net decoder step: upsample, concatenate the skip connection, convolve, group norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = torch.nn.Conv2d(16, 8, 3, padding=1), torch.nn.GroupNorm(4, 8)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        up = F.interpolate(x, scale_factor=2)
+        return F.silu(self.norm(self.conv(torch.cat([up, skip], 1))))
+
+
+def test_a_concatenation_feeding_a_convolution_is_stored_channels_last(tmp_path: Path) -> None:
+    """The concatenation is written channels-last in the first place (no transposing copy for
+    the convolution), and the training forward saves it so for the convolution's backward,
+    which oneDNN would otherwise reorder; group norm's statistics read it channel by channel.
+    Gradients match eager's."""
+    torch.manual_seed(0)
+    model = UpConcatConv()
+    x, skip = torch.randn(2, 8, 32, 32), torch.randn(2, 8, 64, 64)  # (a cat large enough for slices)
+    model(x, skip).square().mean().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        y = torch.compile(model, backend="minductor")(x, skip)
+        torch.testing.assert_close(y, model(x, skip), rtol=1e-4, atol=1e-4, check_stride=True)
+        y.square().mean().backward()
+    for p, g in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-4)
+    forward = next(tmp_path.glob("graph_*_forward/output_code.py")).read_text()
+    backward = next(tmp_path.glob("graph_*_backward/output_code.py")).read_text()
+    assert "assert_size_stride(cat, (2, 16, 64, 64), (65536, 1, 1024, 16), 'cat')" in backward, backward
+    conv_input = _conv_inputs(forward)[0]
+    assert "(65536, 1, 1024, 16)" in _allocation(forward, conv_input), forward  # the cat itself

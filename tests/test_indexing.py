@@ -167,26 +167,31 @@ def test_merged_loops_fold_indices_over_their_own_ranges() -> None:
     torch.testing.assert_close(x.grad, expected)
 
 
-STATIC_CASES: dict[str, tuple[Callable[..., Any], bool]] = {
-    # (fn, whether every computed position is in range)
-    "unfold_3x3_padded": (lambda x: F.unfold(x, 3, padding=1), True),
-    "unfold_strided_dilated": (lambda x: F.unfold(x, (2, 3), dilation=(2, 1), stride=(1, 2)), True),
-    "arange_from_the_end": (lambda x: x[:, :, torch.arange(-4, 0)], True),
-    "arange_sum_of_two": (lambda x: x[:, :, torch.arange(4)[:, None] + torch.arange(3)], True),
-    "arange_past_the_end": (lambda x: x[:, :, torch.arange(6) + 3], False),
+STATIC_CASES: dict[str, tuple[Callable[..., Any], str]] = {
+    # (fn, "direct": positions computed, no bounds check; "checked": an indirect read, checked;
+    # "raises": out of range, eager's IndexError)
+    "unfold_3x3_padded": (lambda x: F.unfold(x, 3, padding=1), "direct"),
+    "unfold_strided_dilated": (lambda x: F.unfold(x, (2, 3), dilation=(2, 1), stride=(1, 2)), "direct"),
+    "arange_from_the_end": (lambda x: x[:, :, torch.arange(-4, 0)], "direct"),
+    "arange_sum_of_two": (lambda x: x[:, :, torch.arange(4)[:, None] + torch.arange(3)], "direct"),
+    "upsample_nearest_2x": (lambda x: F.interpolate(x, scale_factor=2), "direct"),  # float steps, exact
+    "upsample_nearest_to_11": (lambda x: F.interpolate(x, size=(11, 11)), "checked"),  # 8/11: not exact
+    "float_arange_truncated": (lambda x: x[:, :, (torch.arange(8.0) * 0.75).long()], "direct"),
+    "arange_past_the_end": (lambda x: x[:, :, torch.arange(6) + 3], "raises"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(STATIC_CASES))
 def test_index_tensors_computed_from_aranges_read_directly(name: str, tmp_path) -> None:
-    """Index tensors built from aranges (im2col's) become affine positions when every value is
-    in range: no bounds check, no index error buffer; otherwise the checked indirect read
-    stays, and raises eager's error."""
+    """Index tensors built from aranges (im2col's, upsample-nearest's float ones while every
+    step is exact) become positions computed from the index when every value is in range: no
+    bounds check, no index error buffer; otherwise the checked indirect read stays, and raises
+    eager's error."""
     from minductor import config
 
-    fn, in_range = STATIC_CASES[name]
+    fn, kind = STATIC_CASES[name]
     x = torch.randn(2, 3, 8, 8)
-    if not in_range:
+    if kind == "raises":
         with pytest.raises(IndexError):
             fn(x)
         with pytest.raises(IndexError, match="index out of range"):
@@ -195,5 +200,5 @@ def test_index_tensors_computed_from_aranges_read_directly(name: str, tmp_path) 
     with config.patch(debug=True, debug_dir=str(tmp_path)):
         torch.testing.assert_close(compiled(fn)(x), fn(x))
     code = next(tmp_path.glob("graph_*/output_code.py")).read_text()
-    assert "mi_err" not in code, code
+    assert ("mi_err" in code) == (kind == "checked"), code
     assert not metrics.fallback_ops

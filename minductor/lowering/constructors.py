@@ -9,7 +9,7 @@ import torch
 
 from minductor import config
 from minductor.ir.indexing import FloorDiv
-from minductor.ir.layout import FixedLayout, FlexibleLayout
+from minductor.ir.layout import FixedLayout, FlexibleLayout, channels_last_order
 from minductor.ir.nodes import ComputedBuffer, Pointwise, TensorBox
 from minductor.ir.ops import ops
 from minductor.lowering.registry import (
@@ -200,6 +200,8 @@ def cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
         t_size[dim] = t.get_size()[dim]
         parts.append(expand_to(t, t_size).make_loader())
     device, order = tensors[0].get_device(), common_layout_hint(tensors, ndim)
+    if order is None and ndim == 4 and _feeds_channels_last_convolution(tensors[0]):
+        order = channels_last_order(4)
     if device.type == "cpu" and config.cpu_backend == "cpp" and V.graph.sizevars.hint(sympy.Mul(*size)) >= CAT_SLICES_MIN_NUMEL:
         layout = FlexibleLayout.in_order(device, dtype, size, order) if order else FlexibleLayout.contiguous(device, dtype, size)
         return _cat_into_slices(layout.freeze(), dim, [t.get_size()[dim] for t in tensors], offsets, parts,
@@ -217,6 +219,22 @@ def cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
         return result
 
     return TensorBox.create(Pointwise(device, dtype, inner_fn, size, origins=origins_of(*tensors) | {"cat"}, stride_order=order))
+
+
+def _feeds_channels_last_convolution(first: TensorBox) -> bool:
+    """Whether the concatenation being lowered is the input of a convolution that will read
+    it channels-last (a U-Net's skip connection, a feature pyramid's): stored so from the
+    start, the convolution needs no transposing copy, and a training graph saves that
+    channels-last input for the convolution's backward (oneDNN reorders an NCHW one: 15.3 ms
+    against 11.2 for a (8, 128, 64, 64) input). Its other readers may only be graph outputs
+    (a saved tensor keeps our layout; one the user sees is copied to eager's strides)."""
+    from minductor.lowering.extern import channels_last_conv_input
+
+    node = V.graph.current_node
+    users = list(node.users) if node is not None else []
+    convs = [u for u in users if u.op == "call_function" and u.target is aten.convolution.default and u.args[0] is node]
+    return bool(convs) and all(u in convs or u.op == "output" for u in users) \
+        and channels_last_conv_input(first, convs[0].args[6])
 
 
 def _cat_into_slices(layout: FixedLayout, dim: int, extents: list[Expr], offsets: list[Expr], parts: list[Any],

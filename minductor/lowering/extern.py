@@ -274,6 +274,11 @@ def _as_float32(val: Any) -> Any:
     return pytree.tree_map_only(torch.Tensor, convert, val)
 
 
+def channels_last_conv_input(x: TensorBox, transposed: bool) -> bool:
+    """Whether a convolution reads ``x`` (or a tensor of its kind) channels-last."""
+    return _channels_last_conv(x, transposed)
+
+
 def _channels_last_conv(x: TensorBox, transposed: bool) -> bool:
     return (x.get_device().type == "cpu" and len(x.get_size()) == 4 and not transposed
             and x.get_dtype() in (torch.float32, torch.bfloat16)

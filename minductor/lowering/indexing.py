@@ -15,7 +15,7 @@ from typing import Any
 import sympy
 import torch
 
-from minductor.ir.indexing import ModularIndexing, make_vars, value_range
+from minductor.ir.indexing import FloorDiv, ModularIndexing, make_vars, value_range
 from minductor.ir.nodes import Pointwise, TensorBox
 from minductor.ir.ops import DefaultHandler, ops
 from minductor.lowering.pointwise import clone
@@ -59,35 +59,66 @@ class _NotAffine(Exception):
 
 
 class _AffineValues(DefaultHandler):
-    """Evaluates an integer tensor's body as a SymPy expression of its index (aranges and
-    their sums, products with constants, broadcasts); any other op, a load above all, raises."""
+    """Evaluates an integer tensor's body as a SymPy expression of its index (aranges, sums,
+    products with constants, broadcasts). Float steps are followed while exact: a float32
+    value must be a dyadic rational of at most 24 significant bits over the whole range
+    (``arange(64.).mul(0.5).long()``: upsample-nearest's source rows are ``x // 2``), and a
+    float-to-integer conversion of a non-negative value truncates. Any other op, a load above
+    all, raises."""
+
+    def __init__(self, ranges: dict[sympy.Symbol, Expr]) -> None:
+        self.ranges = ranges
 
     def _default(self, name: str, args: tuple[Any, ...]) -> Any:
         raise _NotAffine(name)
 
+    def _exact(self, value: Expr, dtype: torch.dtype) -> Expr:
+        if dtype in INDEX_DTYPES:
+            return value
+        bits = {torch.float32: 24, torch.float64: 53}.get(dtype)
+        if bits is None:
+            raise _NotAffine(str(dtype))
+        value = sympy.expand(value)
+        den = sympy.ilcm(*[sympy.Rational(c).q for c in value.as_coefficients_dict().values()], 1)
+        lo, hi = value_range(value * den, self.ranges)
+        if lo is None or hi is None or den & (den - 1) or max(abs(lo), abs(hi)) >= 1 << bits:
+            raise _NotAffine("inexact float")
+        return value
+
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> Expr:
-        if dtype not in INDEX_DTYPES:
-            raise _NotAffine("index_expr")
-        return expr
+        return self._exact(expr, dtype)
 
     def constant(self, value: Any, dtype: torch.dtype) -> Expr:
-        if dtype not in INDEX_DTYPES or int(value) != value:
+        if isinstance(value, bool) or (dtype in INDEX_DTYPES and int(value) != value):
             raise _NotAffine("constant")
-        return sympy.Integer(int(value))
+        exact = sympy.Rational(float(torch.tensor(value, dtype=dtype))) if dtype.is_floating_point else sympy.Integer(int(value))
+        return self._exact(exact, dtype)
 
     def to_dtype(self, x: Expr, dtype: torch.dtype, *args: Any) -> Expr:
         if dtype not in INDEX_DTYPES:
-            raise _NotAffine("to_dtype")
-        return x
+            return self._exact(x, dtype)
+        coeffs = sympy.expand(x).as_coefficients_dict().values()
+        den = sympy.ilcm(*[sympy.Rational(c).q for c in coeffs], 1)
+        if den == 1:
+            return x
+        lo, _ = value_range(x, self.ranges)
+        if lo is None or lo < 0:
+            raise _NotAffine("truncation of a negative value")
+        return FloorDiv(sympy.expand(x * den), sympy.Integer(den))
+
+    def _float(self, value: Expr) -> Expr:
+        """A sum or product, in whichever dtype: float32's bound, the strictest (indices of
+        16M and more go the indirect way)."""
+        return self._exact(value, torch.float32)
 
     def add(self, a: Expr, b: Expr) -> Expr:
-        return a + b
+        return self._float(a + b)
 
     def sub(self, a: Expr, b: Expr) -> Expr:
-        return a - b
+        return self._float(a - b)
 
     def mul(self, a: Expr, b: Expr) -> Expr:
-        return a * b
+        return self._float(a * b)
 
     def neg(self, a: Expr) -> Expr:
         return -a
@@ -95,20 +126,24 @@ class _AffineValues(DefaultHandler):
 
 def static_positions(loader: Any, shape: Sequence[Expr], size: Expr, wrap: bool) -> Any:
     """An index tensor computed from its own index (``arange(0, 56)[:, None] + arange(3)``, as
-    im2col's decomposition builds them), whose every value is in range: a function of the
-    index giving the position as an expression, else None. The read is then an affine one
-    (vectorized, no bounds check) instead of an indirect one."""
+    im2col's decomposition builds them; upsample-nearest's), whose every value is in range: a
+    function of the index giving the position as an expression, else None. The read is then a
+    direct one (vectorized, no bounds check) instead of an indirect one."""
     from minductor.virtualized import V
 
+    if not all(sympy.sympify(s).is_Integer for s in [*shape, size]):
+        return None
     syms = make_vars("mi_ix", len(shape))
+    ranges = dict(zip(syms, shape))
     try:
-        with V.set_ops(_AffineValues()):
-            expr = sympy.expand(loader(list(syms)))
+        with V.set_ops(_AffineValues(ranges)):
+            expr = loader(list(syms))
     except (_NotAffine, TypeError, ValueError):
         return None
-    if not isinstance(expr, sympy.Expr) or not all(sympy.sympify(s).is_Integer for s in [*shape, size]):
+    if not isinstance(expr, sympy.Expr) or not expr.is_integer and not all(
+            sympy.Rational(c).q == 1 for c in sympy.expand(expr).as_coefficients_dict().values()):
         return None
-    lo, hi = value_range(expr, dict(zip(syms, shape)))
+    lo, hi = value_range(expr, ranges)
     if lo is None or hi is None or not (lo.is_Integer and hi.is_Integer):
         return None
     if wrap and lo >= -size and hi < 0:

@@ -655,6 +655,13 @@ template <typename T> static inline void mi_welford_soa_update(T& mean, T& m2, T
     mean += delta * rw;
     m2 += delta * (v - mean);
 }
+// mi_welford_update on a lane of separate arrays (outer lanes: vectorizes across them)
+template <typename T> static inline void mi_welford_soa_update_w(T& mean, T& m2, T& weight, T v) {
+    weight += T(1);
+    T delta = v - mean;
+    mean += delta / weight;
+    m2 += delta * (v - mean);
+}
 template <typename T> static inline MiWelford<T> mi_welford_combine(MiWelford<T> a, MiWelford<T> b) {
     if (a.weight == 0) return b;
     if (b.weight == 0) return a;
