@@ -112,3 +112,10 @@ def test_a_big_transposing_copy_stays_apart_from_a_reduction(n: int, kernels: in
     torch._dynamo.reset()
     metrics.reset()
     assert kernels_after_first_call(lambda x: (x.t().contiguous(), x.t() * 2), x) == 1  # pointwise siblings: tiled together
+
+
+def test_group_norm_of_an_nchw_input_is_one_kernel() -> None:
+    """Not from a convolution (which runs channels-last), a group is a row of the input: its
+    statistics and its normalization are one kernel that reads the row again from cache."""
+    x, w, b = torch.randn(2, 16, 12, 12), torch.randn(16), torch.randn(16)
+    assert kernels_after_first_call(lambda x, w, b: F.group_norm(x, 4, w, b), x, w, b, rtol=1e-5, atol=1e-5) == 1
