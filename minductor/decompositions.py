@@ -6,6 +6,9 @@ an inference graph, which drops the second output, but in training AOTAutograd s
 ``_scaled_dot_product_flash_attention_for_cpu_backward``, which then computes wrong gradients
 for the query, key and value. Ours computes the same softmax (one fused kernel) and returns
 the true log-sum-exp, so the aten backward gets what the op itself would have given it.
+
+``aten.native_group_norm`` and its backward: by the layout the input will have (a
+convolution's output is channels-last), and in that layout (``_group_norm``).
 """
 from __future__ import annotations
 
@@ -134,17 +137,33 @@ def _channels_last_likely(t: torch.Tensor, hops: int = 3) -> bool:
 @_register(aten.native_group_norm.default)
 def _group_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, n: Any, c: Any,
                 hxw: Any, group: int, eps: float) -> Any:
-    """Group norm with each channel's statistics first (a reduction over the spatial dims, which
-    reads a channels-last input along its channels, as a convolution leaves it), then each
-    group's from its channels' (equal counts: the group's variance is the mean of its channels'
-    variances plus the variance of their means, no cancellation). torch's decomposition reduces
-    a view (N, G, C/G, H*W): over a channels-last input, runs of C/G values 4*C bytes apart
-    (1.0 ms for (8, 64, 64, 64), 8% of the bandwidth). Every tensor stays (N, C, *spatial), so
-    the output takes the input's layout."""
-    if input.dim() < 3 or not _channels_last_likely(input):
+    """Group norm by the layout the input will have when lowered (``_channels_last_likely``):
+    - channels-last: each channel's statistics first (a reduction over the spatial dims, which
+      reads the input along its channels), then each group's from its channels' (equal counts:
+      the group's variance is the mean of its channels' variances plus the variance of their
+      means, no cancellation); every tensor stays (N, C, *spatial), so the output takes the
+      input's layout. torch's decomposition reduces a view (N, G, C/G, H*W): over a
+      channels-last input, runs of C/G values 4*C bytes apart (1.0 ms for (8, 64, 64, 64), 8%
+      of the bandwidth);
+    - otherwise each group a row, reduced and normalized (weight and bias per channel of the
+      row) in one kernel."""
+    if input.dim() < 3:
         return torch._decomp.decomposition_table[aten.native_group_norm.default](
             input, weight, bias, n, c, hxw, group, eps)
     x = input.to(_acc_dtype(input.dtype))
+    if not _channels_last_likely(input):
+        # each group a row, normalized as a row (weight and bias per channel of it): one kernel
+        # (torch's CPU formula stores a per-channel scale and shift first: a second pass)
+        rows = x.reshape(n, group, c // group, -1)
+        var, mean = torch.var_mean(rows, dim=[2, 3], correction=0, keepdim=True)
+        rstd = torch.rsqrt(var + eps)
+        out = (rows - mean) * rstd
+        if weight is not None:
+            out = out * weight.view(1, group, c // group, 1)
+        if bias is not None:
+            out = out + bias.view(1, group, c // group, 1)
+        return (out.view(input.shape).to(input.dtype), mean.view(n, group).to(input.dtype),
+                rstd.view(n, group).to(input.dtype))
     var_c, mean_c = torch.var_mean(x, dim=list(range(2, input.dim())), correction=0)
     means = mean_c.view(n, group, c // group)
     mean = means.mean(-1)
