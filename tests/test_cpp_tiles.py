@@ -113,3 +113,20 @@ def test_reads_constant_along_the_inner_loop_do_not_tile(tmp_path) -> None:
     assert "mi_t1" not in code
     code = compiled_code(lambda x, b: x + b[:, None], torch.randn(200, 150), torch.randn(200), tmp_path=tmp_path / "b")
     assert "mi_t1" not in code
+
+
+@pytest.mark.parametrize("shape", [(8, 64, 32, 64), (512, 16, 64)])
+def test_small_planes_transpose_in_tiles(shape: tuple[int, ...], tmp_path) -> None:
+    """Batched transposes of planes whose longer side is 64 stage their tiles (a strided read
+    at a 4 KB stride maps every line of a pixel to one L1 set)."""
+    code = compiled_code(lambda x: x.transpose(-1, -2).contiguous() * 2, torch.randn(shape), tmp_path=tmp_path)
+    assert "mi_transpose16(" in code, code
+
+
+def test_an_upsample_into_a_channels_last_buffer_transposes_in_tiles(tmp_path) -> None:
+    """A 2x nearest upsample stored channels-last: the loops that repeat each source row and
+    column go outside, so the source's rows meet the channels in 2-D tiles."""
+    x = torch.randn(2, 64, 32, 32)
+    code = compiled_code(lambda x: F.interpolate(x, scale_factor=2).contiguous(memory_format=torch.channels_last),
+                         x, tmp_path=tmp_path)
+    assert "mi_transpose16(" in code, code
