@@ -51,13 +51,12 @@ from minductor.codegen.cpp_rewrites import (
     prefetch_row_stores,
 )
 from minductor.codegen.cpp_lanes import emit_lanes_inside, lanes_go_inside
-from minductor.codegen.cpp_split_rows import (emit_full_reduction, emit_split_rows, fold_siblings, full_reduction_first,
-                                              splits_rows)
+from minductor.codegen.cpp_split_rows import (emit_full_reduction, emit_row_group, emit_split_rows, fold_siblings,
+                                              full_reduction_first, splits_rows)
 from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
 from minductor.codegen.cpp_unit import ARGS_PLACEHOLDER, render_unit
 from minductor.codegen.loop_shapes import (
     OUTER_LANE_WIDTHS,
-    ROW_GROUP,
     WIDE_ROW,
     Loop,
     MergedDims,
@@ -608,7 +607,7 @@ class CppKernel:
                 code.writeline(f"const int64_t mi_end = mi_min_i64({cpp_index(size)}, (mi_tid + 1) * mi_chunk);")
                 code.writeline("int64_t mi_row = mi_tid * mi_chunk;")
                 if len(red.variables) == 1:
-                    self._emit_row_group(code, var, lane_loop, bind)
+                    emit_row_group(self, code, var, lane_loop, bind)
                 code.writeline(f"for (int64_t {var} = mi_row; {var} < mi_end; {var}++)")
             else:
                 code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
@@ -640,25 +639,6 @@ class CppKernel:
             for acc, acc_type, _, _ in self.accumulators:
                 code.writeline(f"{acc_type} {acc} = {acc}_lanes[mi_lane];")
             code.splice(self.suffix)
-
-    def _emit_row_group(self, code: CodeBuffer, var: sympy.Symbol, lane_loop: str, bind: str) -> None:
-        """``ROW_GROUP`` rows per pass over a split-rows tile: the lane's accumulator stays in a
-        register across the group instead of a load and a store per row (the same order of
-        operations, so the same result); the rows left over run one at a time after it."""
-        code.writeline(f"for (; mi_row + {ROW_GROUP} <= mi_end; mi_row += {ROW_GROUP})")
-        code.writeline("{")
-        with code.indent(open_brace=False):
-            code.writeline("#pragma omp simd")
-            code.writeline(lane_loop)
-            with code.indent():
-                code.writeline(bind)
-                for k in range(ROW_GROUP):
-                    code.writeline("{")
-                    with code.indent(open_brace=False):
-                        code.writeline(f"const int64_t {var} = mi_row + {k};")
-                        code.splice(self.body)
-                    code.writeline("}")
-        code.writeline("}")
 
     def read_names(self) -> set[str]:
         return set().union(*(n.read_writes.read_names() for n in self.group.nodes))

@@ -2,7 +2,8 @@
 (``x.sum(0)``) and full reductions (``x.sum()``).
 
 Each thread reduces a contiguous chunk (of the rows, into per-thread partials of every
-column; or of all elements) into per-thread partials, which then combine in thread order
+column; or of all elements, storing on the way any pointwise sibling over them) into
+per-thread partials, which then combine in thread order
 (deterministic results); any epilogue follows (a per-column one, or the scalar division of a
 ``mean``). The kernel's ``emit_loop`` does the per-thread work (``kernel.split_rows`` or its
 ``thread_chunk`` argument tells it to take the thread's chunk).
@@ -14,7 +15,8 @@ from typing import Any
 import sympy
 
 from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index, paren
-from minductor.codegen.loop_shapes import PARALLEL_THRESHOLD, SPLIT_ROWS_MIN, SPLIT_ROWS_TILE, Loop, MergedDims, planning_size
+from minductor.codegen.loop_shapes import (PARALLEL_THRESHOLD, ROW_GROUP, SPLIT_ROWS_MIN, SPLIT_ROWS_TILE, Loop, MergedDims,
+                                           planning_size)
 from minductor.virtualized import V
 
 # the least first reduced dim a reduction over several splits across the threads
@@ -85,6 +87,26 @@ def emit_split_rows(kernel: Any, code: CodeBuffer, outer: MergedDims, loops: lis
                 kernel.split_rows = False
                 for epilogue in epilogues:
                     kernel.emit_loop(code, outer, epilogue)
+    code.writeline("}")
+
+
+def emit_row_group(kernel: Any, code: CodeBuffer, var: sympy.Symbol, lane_loop: str, bind: str) -> None:
+    """``ROW_GROUP`` rows per pass over a split-rows tile: the lane's accumulator stays in a
+    register across the group instead of a load and a store per row (the same order of
+    operations, so the same result); the rows left over run one at a time after it."""
+    code.writeline(f"for (; mi_row + {ROW_GROUP} <= mi_end; mi_row += {ROW_GROUP})")
+    code.writeline("{")
+    with code.indent(open_brace=False):
+        code.writeline("#pragma omp simd")
+        code.writeline(lane_loop)
+        with code.indent():
+            code.writeline(bind)
+            for k in range(ROW_GROUP):
+                code.writeline("{")
+                with code.indent(open_brace=False):
+                    code.writeline(f"const int64_t {var} = mi_row + {k};")
+                    code.splice(kernel.body)
+                code.writeline("}")
     code.writeline("}")
 
 
