@@ -202,3 +202,22 @@ def test_index_tensors_computed_from_aranges_read_directly(name: str, tmp_path) 
     code = next(tmp_path.glob("graph_*/output_code.py")).read_text()
     assert ("mi_err" in code) == (kind == "checked"), code
     assert not metrics.fallback_ops
+
+
+def test_max_embedding_bags_of_one_size_are_a_fused_reduction() -> None:
+    """``F.embedding_bag`` of a 2-D input in max mode (bags of one size: an arange of offsets in
+    the graph) is a reduction over gathered rows, eager's result; an index out of range raises
+    eager's IndexError; sum bags, and bags from the caller's offsets, stay aten's kernel."""
+    w, i = torch.randn(50, 24), torch.randint(0, 50, (12, 5))
+    torch.testing.assert_close(compiled(lambda w, i: F.embedding_bag(i, w, mode="max"))(w, i),
+                               F.embedding_bag(i, w, mode="max"))
+    assert not metrics.fallback_ops
+    with pytest.raises(IndexError, match="index out of range"):
+        compiled(lambda w, i: F.embedding_bag(i, w, mode="max") + 1)(w, torch.full((12, 5), 50))
+    torch._dynamo.reset()
+    offsets = torch.tensor([0, 3, 3, 10])
+    for fn, args in [(lambda w, i: F.embedding_bag(i, w, mode="sum"), (w, i)),
+                     (lambda w, i, o: F.embedding_bag(i, w, o, mode="max"), (w, i.flatten(), offsets))]:
+        metrics.reset()
+        torch.testing.assert_close(compiled(fn)(*args), fn(*args))
+        assert metrics.fallback_ops["aten._embedding_bag_forward_only"] == 1, dict(metrics.fallback_ops)

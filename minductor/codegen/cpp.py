@@ -35,6 +35,7 @@ from minductor.codegen.cpp_stream import (
     emit_chunk_loop,
     fence_parallel_region,
     hoist_flat_invariants,
+    hoist_invariant_lines,
     open_chunks,
     lane_loop,
     streamable_writes,
@@ -613,11 +614,20 @@ class CppKernel:
                 code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
             code.writeline("{")
             code._indent += 1
+        # what does not depend on the lane once per step (an embedding bag's row index and
+        # its check: per lane, GCC gathered the row, 288 us for 512 bags of 16 rows of 256)
+        hoisted, rest = hoist_invariant_lines(self.body.lines, {str(self.tile_var)})
+        for line in hoisted:
+            code.writeline(line.strip())
         code.writeline("#pragma omp simd")
         code.writeline(lane_loop)
         with code.indent():
             code.writeline(bind)
-            code.splice(self.body)
+            if hoisted:
+                for line in rest:
+                    code.writeline(line.strip())
+            else:
+                code.splice(self.body)
         for _ in red.variables:
             code._indent -= 1
             code.writeline("}")

@@ -454,10 +454,11 @@ def outer_lane_var(group: FusedGroup, outer: MergedDims) -> sympy.Symbol | None:
         if not node.is_reduction() or not node.red_ranges:
             continue
         r_last = index_symbol(f"r{len(node.red_ranges) - 1}")
-        for dep in node.read_writes.reads:
-            if not isinstance(dep, MemoryDep):
-                continue
-            coeffs = affine_coeffs(dep.index, [x_last, r_last])
+        # (a read through an indirect index, a row of a table per reduction step: an
+        # embedding bag's rows, contiguous along the outer dim, count as reads too)
+        indirect = [e for e in node.read_writes.index_exprs if any(str(s).startswith("indirect") for s in e.free_symbols)]
+        for index in [dep.index for dep in node.read_writes.reads if isinstance(dep, MemoryDep)] + indirect:
+            coeffs = affine_coeffs(index, [x_last, r_last])
             if coeffs is None or coeffs[x_last] == 0:
                 continue  # the same for every outer index: a broadcast, not a stream
             if coeffs[r_last] == 1:
