@@ -35,7 +35,6 @@ from minductor.codegen.cpp_stream import (
     emit_chunk_loop,
     fence_parallel_region,
     hoist_flat_invariants,
-    hoist_invariant_lines,
     open_chunks,
     lane_loop,
     streamable_writes,
@@ -51,7 +50,7 @@ from minductor.codegen.cpp_rewrites import (
     prefetch_next_rows,
     prefetch_row_stores,
 )
-from minductor.codegen.cpp_lanes import emit_lanes_inside, lanes_go_inside
+from minductor.codegen.cpp_lanes import emit_lane_step, emit_lanes_inside, lanes_go_inside
 from minductor.codegen.cpp_split_rows import (emit_full_reduction, emit_row_group, emit_split_rows, fold_siblings,
                                               full_reduction_first, splits_rows)
 from minductor.codegen.cpp_tiles import StagedTile, emit_tiled_2d, needs_2d_tiles
@@ -614,20 +613,7 @@ class CppKernel:
                 code.writeline(f"for (int64_t {var} = 0; {var} < {cpp_index(size)}; {var}++)")
             code.writeline("{")
             code._indent += 1
-        # what does not depend on the lane once per step (an embedding bag's row index and
-        # its check: per lane, GCC gathered the row, 288 us for 512 bags of 16 rows of 256)
-        hoisted, rest = hoist_invariant_lines(self.body.lines, {str(self.tile_var)})
-        for line in hoisted:
-            code.writeline(line.strip())
-        code.writeline("#pragma omp simd")
-        code.writeline(lane_loop)
-        with code.indent():
-            code.writeline(bind)
-            if hoisted:
-                for line in rest:
-                    code.writeline(line.strip())
-            else:
-                code.splice(self.body)
+        emit_lane_step(self, code, lane_loop, bind)
         for _ in red.variables:
             code._indent -= 1
             code.writeline("}")

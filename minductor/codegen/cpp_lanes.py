@@ -23,6 +23,24 @@ if TYPE_CHECKING:
     from minductor.codegen.loop_shapes import MergedDims
 
 
+def emit_lane_step(kernel: CppKernel, code: CodeBuffer, lane_loop: str, bind: str) -> None:
+    """One step of an outer-lane reduction: the lane loop over the body, what does not depend
+    on the lane run once before it (an embedding bag's row index and its check: per lane, GCC
+    gathered the row, 288 us for 512 bags of 16 rows of 256; 58 hoisted)."""
+    hoisted, rest = hoist_invariant_lines(kernel.body.lines, {str(kernel.tile_var)})
+    for line in hoisted:
+        code.writeline(line.strip())
+    code.writeline("#pragma omp simd")
+    code.writeline(lane_loop)
+    with code.indent():
+        code.writeline(bind)
+        if hoisted:
+            for line in rest:
+                code.writeline(line.strip())
+        else:
+            code.splice(kernel.body)
+
+
 def lanes_go_inside(kernel: CppKernel, pw: MergedDims) -> bool:
     """Whether the body stores along the tile variable at unit stride (and nowhere else)."""
     tile = kernel.tile_var

@@ -13,7 +13,7 @@ from minductor import config
 from minductor.codegen.common import cpp_index
 from minductor.ir.indexing import FloorDiv, ModularIndexing, affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.runtime.cache import avx512_enabled
-from minductor.scheduler.deps import MemoryDep, StarDep
+from minductor.scheduler.deps import MemoryDep, StarDep, is_indirect
 from minductor.scheduler.fusion import reads_only_where_it_writes
 from minductor.scheduler.nodes import PARALLEL_THRESHOLD, FusedGroup, SchedulerNode
 from minductor.virtualized import V
@@ -456,7 +456,7 @@ def outer_lane_var(group: FusedGroup, outer: MergedDims) -> sympy.Symbol | None:
         r_last = index_symbol(f"r{len(node.red_ranges) - 1}")
         # (a read through an indirect index, a row of a table per reduction step: an
         # embedding bag's rows, contiguous along the outer dim, count as reads too)
-        indirect = [e for e in node.read_writes.index_exprs if any(str(s).startswith("indirect") for s in e.free_symbols)]
+        indirect = [e for e in node.read_writes.index_exprs if is_indirect(e)]
         for index in [dep.index for dep in node.read_writes.reads if isinstance(dep, MemoryDep)] + indirect:
             coeffs = affine_coeffs(index, [x_last, r_last])
             if coeffs is None or coeffs[x_last] == 0:

@@ -150,8 +150,9 @@ def _overwritable(graph: Any, units: list[Any], outputs: set[str], local: set[st
         if isinstance(unit, ExternSchedulerNode) and isinstance(unit.node, ExternKernelAlloc):
             bufs = [unit.node]
         found |= {b.name: b for b in bufs if b.layout is not None and b.layout.offset == 0}
-    found |= _donated(graph)
-    blocked = outputs | set(graph.constants) | (set(graph.graph_inputs) - set(_donated(graph))) | set(local) \
+    donated = _donated(graph)
+    found |= donated
+    blocked = outputs | set(graph.constants) | (set(graph.graph_inputs) - set(donated)) | set(local) \
         | _no_reuse(graph, units)
     return {name: buf for name, buf in found.items() if name not in blocked}
 

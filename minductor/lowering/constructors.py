@@ -228,13 +228,13 @@ def _feeds_channels_last_convolution(first: TensorBox) -> bool:
     channels-last input for the convolution's backward (oneDNN reorders an NCHW one: 15.3 ms
     against 11.2 for a (8, 128, 64, 64) input). Its other readers may only be graph outputs
     (a saved tensor keeps our layout; one the user sees is copied to eager's strides)."""
-    from minductor.lowering.extern import channels_last_conv_input
+    from minductor.lowering.extern import channels_last_conv
 
     node = V.graph.current_node
     users = list(node.users) if node is not None else []
     convs = [u for u in users if u.op == "call_function" and u.target is aten.convolution.default and u.args[0] is node]
     return bool(convs) and all(u in convs or u.op == "output" for u in users) \
-        and channels_last_conv_input(first, convs[0].args[6])
+        and channels_last_conv(first, convs[0].args[6])
 
 
 def _cat_into_slices(layout: FixedLayout, dim: int, extents: list[Expr], offsets: list[Expr], parts: list[Any],

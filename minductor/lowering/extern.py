@@ -241,7 +241,7 @@ def _convolution(x: TensorBox, weight: TensorBox, bias: Any, *args: Any, val: to
         out = _convolution(to_dtype(x, torch.float32), to_dtype(weight, torch.float32), bias, *args,
                            val=_as_float32(val))
         return to_dtype(out, torch.float16)
-    if _channels_last_conv(x, transposed):
+    if channels_last_conv(x, transposed):
         x = require_channels_last(x)
     args = _realize_args((x, weight, bias, *args))
     val = _replay_with_layouts(aten.convolution.default, args, {}, val)
@@ -261,7 +261,7 @@ def convolution_backward(grad_output: TensorBox, x: TensorBox, weight: TensorBox
                          (*(to_dtype(t, torch.float32) for t in (grad_output, x, weight)), *args), {}, _as_float32(val))
         return type(grads)(to_dtype(g, torch.float16) if isinstance(g, IRNode) else g for g in grads)
     transposed = args[4]
-    if _channels_last_conv(x, transposed) and stored_in(x) is not None:
+    if channels_last_conv(x, transposed) and stored_in(x) is not None:
         grad_output = require_channels_last(grad_output)
     return fallback(aten.convolution_backward.default, (grad_output, x, weight, *args), {}, val)
 
@@ -274,12 +274,8 @@ def _as_float32(val: Any) -> Any:
     return pytree.tree_map_only(torch.Tensor, convert, val)
 
 
-def channels_last_conv_input(x: TensorBox, transposed: bool) -> bool:
+def channels_last_conv(x: TensorBox, transposed: bool) -> bool:
     """Whether a convolution reads ``x`` (or a tensor of its kind) channels-last."""
-    return _channels_last_conv(x, transposed)
-
-
-def _channels_last_conv(x: TensorBox, transposed: bool) -> bool:
     return (x.get_device().type == "cpu" and len(x.get_size()) == 4 and not transposed
             and x.get_dtype() in (torch.float32, torch.bfloat16)
             and all(sympy.sympify(s).is_Integer for s in x.get_size()) and torch.backends.mkldnn.is_available())

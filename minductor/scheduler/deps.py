@@ -59,6 +59,11 @@ class ReadWrites:
         return {d.name for d in self.writes}
 
 
+def is_indirect(index: Expr) -> bool:
+    """Whether ``index`` goes through a loaded value (``RecordingHandler.indirect_indexing``)."""
+    return any(str(s).startswith("indirect") for s in index.free_symbols)
+
+
 class RecordingHandler(DefaultHandler):
     """Records loads/stores/index expressions; every other op yields a placeholder."""
 
@@ -70,7 +75,7 @@ class RecordingHandler(DefaultHandler):
     def _dep(self, name: str, index: Expr) -> Dep:
         index = simplify_index(index, self.var_ranges)
         self.rw.index_exprs.append(index)
-        if any(str(s).startswith("indirect") for s in index.free_symbols):
+        if is_indirect(index):
             return StarDep(name)
         return MemoryDep(name, index, tuple(self.var_ranges.items()))
 
