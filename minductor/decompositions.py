@@ -7,6 +7,11 @@ an inference graph, which drops the second output, but in training AOTAutograd s
 for the query, key and value. Ours computes the same softmax (one fused kernel) and returns
 the true log-sum-exp, so the aten backward gets what the op itself would have given it.
 
+``aten._softmax``: torch's decomposition divides each row by its sum; ours multiplies by the
+sum's reciprocal, as eager's CPU kernel does (one reciprocal per row, hoisted out of the row's
+loop; a division per element was 16% of softmax at 4096^2 on a Xeon). The node decides it, so
+every kernel recomputing the softmax rounds it alike. A division the user writes stays one.
+
 ``aten.native_group_norm`` and its backward: by the layout the input will have (a
 convolution's output is channels-last), and in that layout (``_group_norm``).
 """
@@ -17,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._decomp.decompositions import _softmax_unbacked_safe_amax
 
 from minductor.runtime.cache import half_in_float32
 
@@ -82,9 +88,18 @@ def _sdpa_flash_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     row_max = torch.where(masked_row, 0.0, row_max)
     exp = torch.exp(scores - row_max)
     total = exp.sum(-1, keepdim=True)
-    probs = torch.where(masked_row, 0.0, exp / total)
+    probs = torch.where(masked_row, 0.0, exp * torch.reciprocal(total))
     logsumexp = torch.where(masked_row, 0.0, row_max + torch.log(total)).squeeze(-1)
     return torch.matmul(probs, value), logsumexp
+
+
+@_register(aten._softmax.default)
+def _softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
+    x = x.contiguous()  # (eager's softmax returns a contiguous tensor)
+    computed = x.to(_acc_dtype(x.dtype))
+    exp = torch.exp(computed - _softmax_unbacked_safe_amax(computed, dim))
+    result = exp * torch.reciprocal(exp.sum(dim, keepdim=True))
+    return result if half_to_float else result.to(x.dtype)
 
 
 def _half_as_float(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> bool:

@@ -118,14 +118,23 @@ def _kernel_source(fn, x: torch.Tensor, tmp_path: Path) -> str:
     return "\n".join(p.read_text() for p in (tmp_path / "dump").glob("graph_*/cpp_fused_*.cpp"))
 
 
-@pytest.mark.parametrize("fn", [lambda x: torch.softmax(x, -1), lambda x: x / x.abs().sum(-1, keepdim=True)],
-                         ids=["softmax", "normalize"])
-def test_division_by_a_reduced_value_multiplies_by_its_reciprocal(fn, tmp_path: Path) -> None:
+def test_softmax_multiplies_by_the_reciprocal_of_each_row_sum(tmp_path: Path) -> None:
     """The divisor is the same for the whole row: one reciprocal per row, a multiply per element."""
-    source = _kernel_source(fn, torch.randn(16, 1000), tmp_path)
+    source = _kernel_source(lambda x: torch.softmax(x, -1), torch.randn(16, 1000), tmp_path)
     recip = re.search(r"auto (tmp\d+) = mi_reciprocal\(tmp\d+\);", source)
     assert recip and f"* {recip.group(1)})" in source, source
     assert not re.search(r"tmp\d+ / tmp\d+\)", source), source
+
+
+def test_a_division_by_a_row_value_rounds_as_eager() -> None:
+    """A division the user writes is an IEEE division, not a multiply by the reciprocal (an ulp
+    off): int8 quantization rounds ``x / scale``, and quotients at exactly .5 must round alike."""
+    def quantize(x: torch.Tensor) -> torch.Tensor:
+        return (x / (x.abs().amax(1, keepdim=True) / 127)).round().to(torch.int8)
+    torch.manual_seed(0)
+    x = torch.randn(4096, 1024)
+    assert torch.equal(torch.compile(quantize, backend="minductor")(x), quantize(x))
+    torch._dynamo.reset()
 
 
 def test_a_row_division_recomputed_in_two_kernels_rounds_alike() -> None:

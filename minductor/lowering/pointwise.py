@@ -191,26 +191,12 @@ def _all_bool(*args: Any) -> bool:
 
 
 _truediv = make_pointwise(ops.truediv, Promotion.INT_TO_FLOAT, name="div")
-_times_reciprocal = make_pointwise(lambda x, y: ops.mul(x, ops.reciprocal(y)), name="div")
-
-
-def _divides_rows(a: Any, b: Any) -> bool:
-    """Whether ``b`` is one value per row of ``a`` (softmax's sum, a norm, a 0-d tensor): both
-    floating, ``b`` broadcast along the last dim. Such a division multiplies by the reciprocal,
-    which the C++ compiler hoists out of the row's loop, as eager's softmax does (one vdivps per
-    element was 16% of softmax at 4096^2 on a Xeon); within an ulp of ``a / b``. The node decides
-    it, not each kernel's loops: every kernel that recomputes the value rounds it alike (an
-    amax over an expanded softmax and its backward's ``eq`` mask once disagreed: 0/0 gradients)."""
-    if not (is_tensor(a) and is_tensor(b) and a.get_dtype().is_floating_point and b.get_dtype().is_floating_point):
-        return False
-    a_size, b_size = a.get_size(), b.get_size()
-    return bool(a_size) and a_size[-1] != 1 and (not b_size or b_size[-1] == 1)
 
 
 @register_lowering(aten.div)
 def div(a: Any, b: Any, rounding_mode: str | None = None) -> TensorBox:
     if rounding_mode is None:
-        return _times_reciprocal(a, b) if _divides_rows(a, b) else _truediv(a, b)
+        return _truediv(a, b)  # an IEEE division, as eager's: `x / scale` rounded must round alike
     if rounding_mode == "trunc":
         return make_pointwise(_div_trunc, name="div")(a, b)
     if rounding_mode == "floor":
