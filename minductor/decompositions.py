@@ -226,3 +226,58 @@ def _group_norm_backward(grad_output: torch.Tensor, input: torch.Tensor, mean: t
     if output_mask[2]:
         d_bias = db.sum(0).to(input.dtype)
     return d_input, d_gamma, d_bias
+
+
+# ``aten._foreach_*`` (EMA updates, foreach optimizers, ``clip_grad_norm_``): one op per tensor,
+# each lowered and fused as any other (the aten op was a fallback whose outputs all
+# materialized: an in-place lerp over 12 tensors took three list ops and 12 copies, 2.4 ms
+# against eager's 0.22). ``powsum`` and ``addcmul.Tensor`` stay aten ops.
+_FOREACH_UNARY = ("abs", "acos", "asin", "atan", "ceil", "clone", "cos", "cosh", "erf", "erfc", "exp", "expm1",
+                  "floor", "frac", "lgamma", "log", "log10", "log1p", "log2", "neg", "reciprocal", "round",
+                  "rsqrt", "sigmoid", "sign", "sin", "sinh", "sqrt", "tan", "tanh", "trunc")
+_FOREACH_BINARY = ("add", "sub", "mul", "div", "pow", "clamp_min", "clamp_max", "lerp", "copy", "mm")
+_FOREACH_SPECIAL: dict[str, Callable[..., Any]] = {
+    "maximum": lambda a, b: aten.maximum(a, b) if isinstance(b, torch.Tensor) else aten.clamp_min(a, b),
+    "minimum": lambda a, b: aten.minimum(a, b) if isinstance(b, torch.Tensor) else aten.clamp_max(a, b),
+    "addcmul": lambda a, b, c, value=1: a + value * (b * c),
+    "addcdiv": lambda a, b, c, value=1: a + value * (b / c),
+    "norm": lambda a, ord=2, dtype=None: aten.linalg_vector_norm(a, ord, dtype=dtype),
+    "zero": lambda a: aten.zeros_like(a),
+}
+
+
+def _per_tensor(overload: Any, op: Callable[..., Any]) -> Callable[..., Any]:
+    schema = overload._schema
+    arguments = schema.arguments
+
+    def decompose(*args: Any, **kwargs: Any) -> list[Any]:
+        values = [args[k] if k < len(args) else kwargs.get(a.name, a.default_value) for k, a in enumerate(arguments)]
+        listed = [isinstance(a.type, torch.ListType) for a in arguments]
+        count = len(next(v for v, is_list in zip(values, listed) if is_list))
+        out = []
+        for i in range(count):
+            positional, keywords = [], {}
+            for a, v, is_list in zip(arguments, values, listed):
+                v = v[i] if is_list else v
+                if a.kwarg_only:
+                    keywords[a.name] = v
+                else:
+                    positional.append(v)
+            out.append(op(*positional, **keywords))
+        return out
+
+    return decompose
+
+
+def _register_foreach() -> None:
+    for name in _FOREACH_UNARY + _FOREACH_BINARY + tuple(_FOREACH_SPECIAL):
+        packet = getattr(aten, f"_foreach_{name}")
+        op = _FOREACH_SPECIAL.get(name, getattr(aten, name))
+        for overload_name in packet.overloads():
+            # (``addcmul.Tensor``: its values a 1-d tensor, which Dynamo cannot trace: left alone)
+            if not overload_name.endswith("out") and not (name in ("addcmul", "addcdiv") and overload_name == "Tensor"):
+                overload = getattr(packet, overload_name)
+                DECOMPOSITIONS[overload] = _per_tensor(overload, op)
+
+
+_register_foreach()
