@@ -104,7 +104,8 @@ def test_a_pointer_the_loop_stores_through_is_read_in_place() -> None:
 @pytest.mark.parametrize("n", [37000, 4096])
 def test_half_pointwise_kernels_convert_in_blocks(n: int, tmp_path: Path) -> None:
     """A one-dimensional pointwise kernel over halves: threads take blocks of converted values,
-    and a remainder (37000 = 578 blocks of 64 and 8) runs the loop as it was."""
+    and a remainder (37000 = 578 blocks of 64 and 8) runs the loop as it was, in one thread of
+    the parallel region its invariant lines (gelu's constants) run in."""
     fn = lambda x, y: (F.gelu(x) * y + x, (x > y).half() - y)  # noqa: E731
     x, y = torch.randn(n).half(), torch.randn(n).half()
     with config.patch(debug=True, debug_dir=str(tmp_path)):
@@ -115,6 +116,7 @@ def test_half_pointwise_kernels_convert_in_blocks(n: int, tmp_path: Path) -> Non
     assert "mi_halves_to_floats<64>(&in_ptr0[mi_hb]" in code and "mi_floats_to_halves<64>(mi_hs0" in code, code
     assert f"const int64_t mi_hend = {n // 64 * 64};" in code, code
     assert ("for (int64_t xo0 = mi_hend; xo0 < 37000; xo0++)" in code) == (n == 37000), code
+    assert n != 37000 or ("#pragma omp parallel\n" in code and "#pragma omp single" in code), code
 
 
 def test_a_kernel_that_only_stores_halves_converts_in_blocks(tmp_path: Path) -> None:

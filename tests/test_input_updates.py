@@ -87,16 +87,21 @@ def test_adamw_update_is_one_kernel_writing_in_place(tmp_path: Path, cpu_backend
     assert body.count("(256, 96)") == (0 if cpu_backend == "cpp" else 1), body
 
 
-def test_flat_kernel_computes_its_invariants_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("n", [1000, 1 << 20], ids=["serial", "parallel"])
+def test_flat_kernel_computes_its_invariants_once(n: int, tmp_path: Path) -> None:
     """A scalar computed from a 0-d input (Adam's bias correction ``1 - beta ** step``) is
     computed before the C++ kernel's flat loop over the elements, not in it (where it kept the
-    loop scalar)."""
+    loop scalar); a parallel loop's in each thread, in the parallel region around its ``omp
+    for`` (in the loop, GCC vectorized the power per element: the step's load could alias the
+    stores)."""
     def update(p, m, step):
         p.sub_(m / (1 - 0.999 ** (step + 1)))
 
-    _run(update, torch.randn(1000), torch.randn(1000), torch.tensor(3.0), tmp_path=tmp_path)
+    _run(update, torch.randn(n), torch.randn(n), torch.tensor(3.0), tmp_path=tmp_path)
     (source,) = [s.read_text() for s in tmp_path.glob("graph_*/cpp_*.cpp")]
     assert source.index("mi_pow") < source.index("for (int64_t"), source
+    if n > 1000:
+        assert source.index("#pragma omp parallel\n") < source.index("mi_pow") < source.index("#pragma omp for simd")
 
 
 def _updates() -> dict[str, Callable[..., Any]]:

@@ -66,12 +66,12 @@ def test_generated_pointwise_kernels_vectorize(fn, tmp_path: Path) -> None:
 
 
 def _simd_loops(source: str) -> list[tuple[int, int]]:
-    """(first, last) line of every ``omp simd`` loop over data (``omp parallel for simd`` too;
+    """(first, last) line of every ``omp simd`` loop over data (``omp parallel for simd`` and ``omp for simd`` too;
     not the lane-combine loops)."""
     lines = source.splitlines()
     loops = []
     for i, line in enumerate(lines):
-        if not re.search(r"#pragma omp (parallel for )?simd", line) or "mi_l " in lines[i + 1]:
+        if not re.search(r"#pragma omp (parallel for |for )?simd", line) or "mi_l " in lines[i + 1]:
             continue
         start, end = i + 2, i + 2  # 1-based line of the `for`
         if lines[i + 2].strip() == "{":

@@ -451,7 +451,7 @@ class CppKernel:
         elif len(loops) == 1:
             self.emit_loop(code, outer, loops[0])
             if n == 1 and pure_pointwise and not defer and outer.sizes[0].is_Integer and outer.sizes[0] > 0:
-                hoist_flat_invariants(code, start, str(outer.variables[0]))
+                opened += hoist_flat_invariants(code, start, str(outer.variables[0]))
             inner_size = outer.sizes[-1] if n else None
             if pure_pointwise and n >= 2 and self.tile_var is None and isinstance(inner_size, sympy.Integer):
                 hoist_inner_invariants(self, code, start, str(outer.variables[-1]), int(inner_size))

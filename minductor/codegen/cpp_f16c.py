@@ -42,6 +42,7 @@ _LANE_VAR = re.compile(r"const int64_t (\w+) = (\w+) \+ mi_lane;$")
 _SIMD_LOOP = re.compile(r"for \(int64_t (\w+) = (.+); \1 < (.+); \1\+\+\)$")
 _LITERAL = re.compile(r"\b(\d+)L\b")
 _PARALLEL_SIMD = "#pragma omp parallel for simd"
+_FOR_SIMD = "#pragma omp for simd"  # (the loop of a parallel region its invariants run in first)
 
 
 def _at(index: str, var: str, value: str) -> str | None:
@@ -125,8 +126,8 @@ def convert_halves_in_blocks(lines: list[str]) -> list[str]:
         head = lines[i + 1].strip() if i + 1 < len(lines) else ""
         if line.strip().startswith("#pragma omp simd") and (lane := _LANE_LOOP.match(head)):
             done = _lane_loop(lines, i, int(lane.group(1)))
-        elif line.strip().startswith(("#pragma omp simd", _PARALLEL_SIMD)) and _SIMD_LOOP.match(head):
-            done = _blocked_loop(lines, i, line.strip().startswith(_PARALLEL_SIMD))
+        elif line.strip().startswith(("#pragma omp simd", _PARALLEL_SIMD, _FOR_SIMD)) and _SIMD_LOOP.match(head):
+            done = _blocked_loop(lines, i, line.strip().startswith((_PARALLEL_SIMD, _FOR_SIMD)))
         else:
             done = None
         if done is None:
@@ -156,7 +157,8 @@ def _lane_loop(lines: list[str], at: int, n: int) -> tuple[list[str], int] | Non
 def _blocked_loop(lines: list[str], at: int, parallel: bool) -> tuple[list[str], int] | None:
     """An ``omp simd`` loop (``lines[at]`` its pragma) in blocks of BLOCK, then its remainder as
     it was. ``parallel``: a one-dimensional pointwise kernel's ``omp parallel for simd`` loop
-    over a static range, whose threads take the blocks (the remainder runs in this thread)."""
+    (or ``omp for simd``, in a parallel region) over a static range, whose threads take the
+    blocks (the remainder runs in one thread)."""
     var, lo, hi = _SIMD_LOOP.match(lines[at + 1].strip()).groups()
     static = lo.isdigit() and hi.isdigit()
     found = _loop_body(lines, at) if static or not parallel else None
@@ -167,7 +169,8 @@ def _blocked_loop(lines: list[str], at: int, parallel: bool) -> tuple[list[str],
     if not before:
         return None
     pad, inner = indent_of(lines[at]), indent_of(lines[at]) + "    "
-    clauses = lines[at].strip()[len(_PARALLEL_SIMD):] if parallel else ""
+    in_region = lines[at].strip().startswith(_FOR_SIMD)
+    clauses = lines[at].strip()[len(_FOR_SIMD if in_region else _PARALLEL_SIMD):] if parallel else ""
     simd = "#pragma omp simd" + (" reduction(|:mi_bad)" if "reduction(|:mi_bad)" in clauses else "")
     simd = simd if parallel else lines[at].strip()
     hend = str(int(lo) + (int(hi) - int(lo)) // BLOCK * BLOCK) if static else f"({lo}) + (({hi}) - ({lo})) / {BLOCK} * {BLOCK}"
@@ -176,6 +179,8 @@ def _blocked_loop(lines: list[str], at: int, parallel: bool) -> tuple[list[str],
         inner + f"for (int64_t {var} = mi_hend; {var} < {hi}; {var}++)",
         *("    " + b for b in lines[at + 2:end + 1]),
     ]
+    if remainder and in_region:
+        remainder = [inner + "#pragma omp single", inner + "{", *("    " + r for r in remainder), inner + "}"]
     loops = []
     for k, (body, rounded) in enumerate(_rounded_in_blocks(blocked, f"{var} - mi_hb")):
         loops += [
@@ -190,7 +195,7 @@ def _blocked_loop(lines: list[str], at: int, parallel: bool) -> tuple[list[str],
     return [
         pad + "{",
         inner + f"const int64_t mi_hend = {hend};",
-        *([inner + "#pragma omp parallel for" + clauses] if parallel else []),
+        *([inner + ("#pragma omp for" if in_region else "#pragma omp parallel for") + clauses] if parallel else []),
         inner + f"for (int64_t mi_hb = {lo}; mi_hb < mi_hend; mi_hb += {BLOCK})",
         inner + "{",
         *(inner + "    " + b for b in before),

@@ -103,7 +103,8 @@ def split_parts(helper_lines: list[int], main_lines: int) -> list[int] | None:
 
 
 def _without_simd(lines: list[str]) -> list[str]:
-    lines = [line.replace("#pragma omp parallel for simd", "#pragma omp parallel for") for line in lines]
+    lines = [line.replace("#pragma omp parallel for simd", "#pragma omp parallel for")
+             .replace("#pragma omp for simd", "#pragma omp for") for line in lines]
     return [line for line in lines if line.strip() != "#pragma omp simd"]
 
 
