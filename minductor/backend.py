@@ -25,7 +25,7 @@ from torch._dynamo import disable
 from torch._dynamo.backends.common import flatten_graph_inputs
 from torch._functorch.aot_autograd import aot_module_simplified
 
-from minductor import direct_call
+from minductor import config, direct_call
 from minductor.decompositions import DECOMPOSITIONS
 from minductor.partition import partition
 
@@ -41,6 +41,9 @@ _EXTRA_DECOMPOSITIONS = [
     # (aten fallbacks before, breaking fusion: F.normalize, cosine_similarity, clip_grad_norm_)
     aten.linalg_vector_norm, aten.tril_indices, aten.triu_indices,
 ]
+# decomposed unless config.fallback_random: into rand_like, generated in the kernel
+# (lowering/random.py); eager's draws its mask with bernoulli_
+_RANDOM_DECOMPOSITIONS = [aten.native_dropout]
 # real decompositions (not CompositeImplicitAutograd passthroughs) that core_aten_decompositions()
 # adds to the explicit post-autograd table
 _CORE_EXTRAS = [
@@ -61,14 +64,19 @@ _KEEP_WHOLE = [aten.clamp_min, aten.clamp_max, aten.index_add, aten.roll, aten.r
                aten.reflection_pad1d_backward, aten.reflection_pad2d_backward, aten.reflection_pad3d_backward]
 
 
-@functools.cache
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     """The core-aten decompositions and our extras. ``core_aten_decompositions()`` is this
     same table plus an entry per CompositeImplicitAutograd op (~0.09 s to build); AOTAutograd
     decomposes those ops while tracing anyway (the aten graphs of every OpInfo sample come out
     the same), so the explicit table and ``_CORE_EXTRAS`` are enough."""
+    return _decomposition_table(config.fallback_random)
+
+
+@functools.cache
+def _decomposition_table(fallback_random: bool) -> dict[Any, Callable[..., Any]]:
     table = dict(_core_aten_decompositions_post_autograd())
-    table.update(get_decompositions(_CORE_EXTRAS + _EXTRA_DECOMPOSITIONS))
+    table.update(get_decompositions(_CORE_EXTRAS + _EXTRA_DECOMPOSITIONS
+                                    + ([] if fallback_random else _RANDOM_DECOMPOSITIONS)))
     table.update(DECOMPOSITIONS)
     for packet in _KEEP_WHOLE:
         for name in packet.overloads():
@@ -76,11 +84,15 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     return table
 
 
-@functools.cache
 def scan_decomposition_table() -> dict[Any, Callable[..., Any]]:
     """For graphs holding scan: detach stays whole (its decomposition into alias makes
     the scan body look like it aliases its inputs, which functionalization rejects)."""
-    table = dict(decomposition_table())
+    return _scan_decomposition_table(config.fallback_random)
+
+
+@functools.cache
+def _scan_decomposition_table(fallback_random: bool) -> dict[Any, Callable[..., Any]]:
+    table = dict(_decomposition_table(fallback_random))
     table.pop(aten.detach.default, None)
     return table
 
@@ -118,8 +130,6 @@ def _compilers(cache: bool) -> tuple[Any, Any, Any]:
 
 def _rewrite_before_aot(gm: torch.fx.GraphModule) -> None:
     """Ops AOTAutograd would decompose but the XLA path runs whole: einsum (and aten.gru with scan_rnn)."""
-    from minductor import config
-
     if any(n.op == "call_function" and n.target in (torch.einsum, torch.functional.einsum) for n in gm.graph.nodes):
         from minductor.codegen.xla_einsum import rewrite_einsum  # registers a custom op: ~0.06 s, only when needed
 

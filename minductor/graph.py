@@ -46,6 +46,8 @@ class GraphLowering(torch.fx.Interpreter):
         self.sizevars = SizeVars(example_inputs)
         self.symbol_inputs: dict[str, sympy.Expr] = {}  # SymInt graph inputs, by placeholder name
         self.donated_inputs: frozenset[str] = frozenset()  # a backward's inputs it may write over
+        self.random_seeds: dict[torch.device, Any] = {}  # lowering/random.py: a seed loader per device
+        self.random_streams = 0  # random nodes lowered so far (each its own stream)
         self.dump: Any = None  # the debug dump (debug.GraphDump) when config.debug is on
         self._order: dict[torch.fx.Node, int] | None = None  # the graph's nodes, numbered in order
 

@@ -306,6 +306,12 @@ class CppOps:
         return self._cse(f"{cond} ? {a} : static_cast<{_t(a)}>({b})")
 
     # memory and the rest -------------------------------------------------------------------
+    def rand(self, seed: str, offset: str) -> str:
+        return self._cse(f"mi_rand({seed}, {offset})")
+
+    def randn(self, seed: str, offset: str) -> str:
+        return self._cse(f"mi_randn({seed}, {offset})")
+
     def load(self, name: str, index: Expr) -> str:
         return self.kernel.load(name, index)
 

@@ -47,7 +47,7 @@ def render_unit(kernel: CppKernel, code: CodeBuffer) -> str:
         kernel.helpers = [(fn, extra, _buffer(_parallel_if(block.lines, kernel.parallel_if))) for fn, extra, block in kernel.helpers]
     out = CodeBuffer()
     for fn in ("sin", "cos"):  # (the prelude's libmvec wrappers: ~6 ms of g++ time a unit each)
-        if f"mi_{fn}(" not in text and "mi_tan(" not in text:
+        if f"mi_{fn}(" not in text and "mi_tan(" not in text and "mi_randn(" not in text:
             out.writeline(f"#define MI_NO_{fn.upper()}")
     out.writeline('#include "minductor_prelude.h"')
     out.writeline("")

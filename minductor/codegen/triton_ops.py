@@ -320,6 +320,16 @@ class TritonOps:
     def where(self, cond: TV, a: TV, b: TV) -> TV:
         return self._cse(f"tl.where({cond}, {a}, {b})", a.dtype, cond, a, b)
 
+    # random: Triton's Philox, keyed by the seed and the offset's high word, counting its low
+    # word (other numbers than the C++ kernels' for one seed, as two devices' generators give)
+    def rand(self, seed: TV, offset: TV) -> TV:
+        return self._cse(f"tl.rand({seed} ^ ({offset} >> 32), ({offset} & 0xFFFFFFFF).to(tl.uint32))",
+                         torch.float32, seed, offset)
+
+    def randn(self, seed: TV, offset: TV) -> TV:
+        return self._cse(f"tl.randn({seed} ^ ({offset} >> 32), ({offset} & 0xFFFFFFFF).to(tl.uint32))",
+                         torch.float32, seed, offset)
+
     # memory and the rest -------------------------------------------------------------------
     def load(self, name: str, index: Expr) -> TV:
         return self.kernel.load(name, index)

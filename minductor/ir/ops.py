@@ -24,13 +24,16 @@ BINARY = frozenset({"add", "sub", "mul", "truediv", "floordiv", "truncdiv", "mod
 TERNARY = frozenset({"where", "fma"})
 MEMORY = frozenset({"load", "store", "store_reduction", "index_expr", "indirect_indexing"})
 OTHER = frozenset({"constant", "to_dtype", "masked", "reduction"})
-ALL_OPS = UNARY | BINARY | TERNARY | MEMORY | OTHER
+# float32 element ``offset`` (int64) of the counter-based stream keyed by ``seed`` (int64):
+# uniform in [0, 1), or standard normal
+RANDOM = frozenset({"rand", "randn"})
+ALL_OPS = UNARY | BINARY | TERNARY | MEMORY | OTHER | RANDOM
 
 # ops costing tens of simple ones (a polynomial and range reduction each): a value computing
 # one is stored once rather than recomputed by each of several readers
 TRANSCENDENTAL = frozenset({"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin",
                             "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc",
-                            "erfinv", "sigmoid", "lgamma", "pow", "atan2"})
+                            "erfinv", "sigmoid", "lgamma", "pow", "atan2", "rand", "randn"})
 
 # combining stores of scatter-like ops; kernels holding one run serially (deterministic)
 STORE_MODES = frozenset({"add", "mul", "max", "min"})
@@ -260,6 +263,14 @@ class Ops:
     def fma(self, a: Any, b: Any, c: Any) -> Any:
         """``a * b + c`` with one rounding."""
         return V.ops.fma(a, b, c)
+
+    def rand(self, seed: Any, offset: Any) -> Any:
+        """Element ``offset`` of the uniform [0, 1) float32 stream keyed by ``seed`` (both int64)."""
+        return V.ops.rand(seed, offset)
+
+    def randn(self, seed: Any, offset: Any) -> Any:
+        """Element ``offset`` of the standard normal float32 stream keyed by ``seed``."""
+        return V.ops.randn(seed, offset)
 
     def load(self, name: str, index: sympy.Expr) -> Any:
         """Read buffer ``name`` at flat ``index``; fp16/bf16 read as float32."""
@@ -523,6 +534,12 @@ class DefaultHandler:
 
     def fma(self, a: Any, b: Any, c: Any) -> Any:
         return self._default("fma", (a, b, c))
+
+    def rand(self, seed: Any, offset: Any) -> Any:
+        return self._default("rand", (seed, offset))
+
+    def randn(self, seed: Any, offset: Any) -> Any:
+        return self._default("randn", (seed, offset))
 
     def load(self, name: str, index: sympy.Expr) -> Any:
         return self._default("load", (name, index))

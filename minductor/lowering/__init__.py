@@ -5,6 +5,7 @@ from minductor.lowering import (  # noqa: F401
     indexing,
     pads,
     pointwise,
+    random,
     reduction,
     scan,
     scatter,

@@ -512,6 +512,7 @@ static inline double mi_erf(double x) { return __builtin_erf(x); }
 
 #include "minductor_sincos.h"
 #include "minductor_window.h"
+#include "minductor_random.h"
 
 template <typename T> MI_MATH T mi_sigmoid(T a) { return T(1) / (T(1) + mi_exp(-a)); }
 // the element type of a table of values a loop reads by its index (cpp_rewrites.py): bools as
