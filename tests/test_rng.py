@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import re
 from typing import Any
 
 import pytest
@@ -152,3 +153,24 @@ def test_triton_kernels_draw_with_triton_philox() -> None:
     assert abs(z.mean().item()) < 5 / math.sqrt(n) and abs(z.std().item() - 1) < 0.02
     assert abs((d == 0).float().mean().item() - 0.25) < 0.02 and torch.all((d == 0) | (d == 1 / 0.75))
     assert abs(torch.corrcoef(torch.stack([u, z]))[0, 1]) < 5 / math.sqrt(n)
+
+
+def test_random_loops_vectorize(tmp_path) -> None:
+    """A loop drawing uniform or normal numbers vectorizes (32-bit adds, rotates and xors)."""
+    from tests.conftest import vectorization_report
+
+    path = tmp_path / "k.cpp"
+    path.write_text('''#include "minductor_prelude.h"
+extern "C" void k0(int64_t seed, float* __restrict__ b, int64_t n) {
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) b[i] = mi_rand(seed, i);  // LOOP
+}
+extern "C" void k1(int64_t seed, float* __restrict__ b, int64_t n) {
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) b[i] = mi_randn(seed, i);  // LOOP
+}
+''')
+    report = vectorization_report(path, tmp_path)
+    lines = [i + 1 for i, line in enumerate(path.read_text().splitlines()) if "// LOOP" in line]
+    vectorized = {int(n) for n in re.findall(r"k\.cpp:(\d+):\d+: optimized: loop vectorized", report)}
+    assert set(lines) <= vectorized, report
