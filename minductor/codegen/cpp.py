@@ -61,6 +61,7 @@ from minductor.codegen.loop_shapes import (
     Loop,
     MergedDims,
     in_store_order,
+    reduction_read_order,
     inner_chunk,
     inner_lanes,
     joins,
@@ -530,7 +531,8 @@ class CppKernel:
                   for node in loop.nodes if loop.red and not node.is_reduction()}
         exprs = [e.xreplace(folded.get(node.node.name, {})) for node in loop.nodes for e in node.read_writes.index_exprs]
         merged_pw = merge_dims(pw_vars, loop.pw_inner, exprs, "xi")
-        merged_red = merge_dims(red_vars, loop.red, exprs, "ri")
+        red_order = reduction_read_order(red_vars, loop.red, loop.nodes)
+        merged_red = merge_dims([red_vars[i] for i in red_order], [loop.red[i] for i in red_order], exprs, "ri")
         if not loop.red and self.tile_var is None and not any(n.is_reduction() or n.node.mutates for n in loop.nodes):
             merged_pw = in_store_order(merged_pw, loop.nodes)  # (a pointwise loop of a kernel of several)
         if not merged_red.variables and any(n.is_reduction() for n in loop.nodes):

@@ -309,6 +309,32 @@ def in_store_order(dims: MergedDims, nodes: Sequence[SchedulerNode]) -> MergedDi
     return MergedDims([dims.variables[i] for i in order], [dims.sizes[i] for i in order], dims.substitution)
 
 
+def reduction_read_order(variables: Sequence[sympy.Symbol], sizes: Sequence[Expr],
+                         nodes: Sequence[SchedulerNode]) -> list[int]:
+    """The order of a reduction's loops (positions in ``variables``): like the memory of the
+    largest buffer it reads, largest stride outermost, when that one has a stride-1 loop. Any
+    order sums, maxes and Welford-combines the same elements; an arg reduction keeps its
+    loops (its ties take the first index). Summing a channels-last (8, 32, 112, 112) tensor
+    walked it 32 floats apart (1.34 ms; in memory order, one merged loop: 0.08)."""
+    order = list(range(len(variables)))
+    if len(variables) < 2 or any(n.is_reduction() and n.node.data.reduction_type in ("argmax", "argmin") for n in nodes):
+        return order
+    reads = [d for n in nodes for d in n.read_writes.reads if isinstance(d, MemoryDep)
+             and any(d.index.has(v) for v in variables)]
+    if not reads:
+        return order
+    hint = V.graph.sizevars.hint
+    largest = max(reads, key=lambda d: hint(sympy.Mul(*V.graph.get_buffer(d.name).get_size()))
+                  * V.graph.get_dtype(d.name).itemsize)
+    coeffs = affine_coeffs(largest.index, list(variables))
+    if coeffs is None:
+        return order
+    stride = [sympy.sympify(coeffs[v]) for v in variables]
+    if not any(s == 1 for s in stride):
+        return order
+    return sorted(order, key=lambda i: (stride[i] == 1, -hint(stride[i])))
+
+
 def _unread_loops_outside(order: list[int], dims: MergedDims, nodes: Sequence[SchedulerNode]) -> list[int]:
     """The loops no read depends on (a repeat: a 2x nearest upsample's second copy of each
     column) moved outside the others but the innermost, when that puts a loop some read walks

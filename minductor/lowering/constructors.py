@@ -234,7 +234,7 @@ def _feeds_channels_last_convolution(first: TensorBox) -> bool:
     users = list(node.users) if node is not None else []
     convs = [u for u in users if u.op == "call_function" and u.target is aten.convolution.default and u.args[0] is node]
     return bool(convs) and all(u in convs or u.op == "output" for u in users) \
-        and channels_last_conv(first, convs[0].args[6])
+        and channels_last_conv(first)
 
 
 def _cat_into_slices(layout: FixedLayout, dim: int, extents: list[Expr], offsets: list[Expr], parts: list[Any],
