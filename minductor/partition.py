@@ -27,9 +27,14 @@ _MUTATING_NAME = re.compile(r"(?<!_)(_$|_[.]|(\b|_)(set|enter|exit|seed)(\b|_))(
 
 
 def partition(joint_module: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """functorch's min-cut partition of ``joint_module`` after our CSE of its graph."""
+    """functorch's min-cut partition of ``joint_module`` after our CSE of its graph, with
+    values computed from no input (index tensors built from aranges) recomputed where the
+    backward needs them: saved, they are opaque inputs of the backward; recomputed, lowering
+    sees their positions (``lowering/indexing.static_positions``: an upsample's backward
+    scatter becomes a sum over each input pixel's window, ``scatter.index_put``)."""
     joint_module.graph.eliminate_dead_code()
     joint_module.graph = cse_graph(joint_module.graph)
+    _recompute_input_free(joint_module.graph)
     with functorch_config.patch(cse=False):
         return min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
 
@@ -56,6 +61,21 @@ def cse_graph(graph: fx.Graph) -> fx.Graph:
         if key is not None:
             seen[key] = env[node]
     return new
+
+
+def _recompute_input_free(graph: fx.Graph) -> None:
+    """Tag the calls that depend on no tensor input (and draw no random numbers) to be
+    recomputed in the backward rather than saved."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    free: set[fx.Node] = set()  # (sizes count as free: symbolic ones are the backward's too)
+    for node in graph.nodes:
+        if node.op == "placeholder" and isinstance(node.meta.get("val"), torch.SymInt):
+            free.add(node)
+        elif node.op == "call_function" and not _kept(node) and not _is_mutation(node) \
+                and all(arg in free for arg in node.all_input_nodes):
+            free.add(node)
+            node.meta.setdefault("recompute", CheckpointPolicy.MUST_RECOMPUTE)
 
 
 def _kept(node: fx.Node) -> bool:

@@ -289,8 +289,8 @@ def test_a_concatenation_feeding_a_convolution_is_stored_channels_last(tmp_path:
 def test_transposed_convolutions_run_channels_last(tmp_path: Path) -> None:
     """A transposed convolution reads its input channels-last too (oneDNN's NCHW one was 15x
     slower at (8, 64, 56, 56), 2x2 at stride 2), and its backward gets the saved graph input
-    (the user's NCHW tensor) copied channels-last with the gradient: oneDNN copies no
-    activation inside it."""
+    (the user's NCHW tensor) copied channels-last with the gradient (NCHW, oneDNN copied the
+    gradient inside it: 11.9 ms for (8, 64, 56, 56), 5.5 without)."""
     torch.manual_seed(0)
     conv = torch.nn.ConvTranspose2d(8, 4, 2, stride=2)
     x = torch.randn(2, 8, 10, 12)
@@ -302,18 +302,18 @@ def test_transposed_convolutions_run_channels_last(tmp_path: Path) -> None:
     def grads(x: torch.Tensor) -> Any:  # (the loss in the graph: its gradient kernel writes channels-last)
         return torch.autograd.grad(conv(x).relu().square().sum(), [x, *conv.parameters()])
 
-    def inside_backward(e: Any) -> bool:
-        while (e := e.cpu_parent) is not None:
-            if e.name == "aten::convolution_backward":
-                return True
-        return False
-
     expected = grads(xg)
-    with torch.profiler.profile(record_shapes=True) as prof:
+    with config.patch(debug=True, debug_dir=str(tmp_path / "training")):
         got = torch.compile(grads, backend="minductor")(xg)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
-    copied = [e.input_shapes[0] for e in prof.events() if e.name == "aten::copy_" and inside_backward(e)]
-    assert all(shape == list(conv.weight.shape) for shape in copied), copied  # (oneDNN's weight reorders only)
+    backward = next((tmp_path / "training").glob("graph_*_backward/output_code.py")).read_text()
+    grad, saved = re.search(r"convolution_backward\.default\((\w+), (\w+),", backward).groups()
+    for name in (grad, saved):  # both channels-last: allocated so, or an input asserted so that they reuse
+        line = _allocation(backward, name)
+        reused = re.match(rf"{name} = (\w+); del \1", line)
+        if reused:
+            line = re.search(rf"assert_size_stride\({reused.group(1)}, .*", backward).group(0)
+        assert re.search(r"\(2, \d+, \d+, \d+\), \(\d+, 1, \d+, \d+\)", line), backward
 
 
 def test_a_full_reduction_reads_a_channels_last_tensor_in_memory_order(tmp_path: Path) -> None:

@@ -82,3 +82,30 @@ def test_linear_1d_upsample_tables_its_indices_and_weights(tmp_path: Path) -> No
         torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x))
     (source,) = tmp_path.glob("graph_*/cpp_fused_*.cpp")
     assert "mi_table0[2048]" in source.read_text()
+
+
+@pytest.mark.parametrize("case", ["2x", "4x", "2x1", "3d_2x", "1d_2x", "3x_scatter", "channels_last"])
+def test_nearest_backward_at_whole_scales_sums_windows(case: str, tmp_path: Path) -> None:
+    """The backward of a nearest upsample by powers of two is a pure pointwise sum of each
+    input element's window of the output gradient (its index tensors recomputed from aranges
+    in the backward, not saved): no serial scatter. A scale of 3 (index steps eager computes
+    in inexact floats) keeps the scatter. Gradients against eager."""
+    shape, kwargs = {"2x": ((2, 3, 5, 7), {"scale_factor": 2}), "4x": ((2, 3, 5, 7), {"scale_factor": 4}),
+                     "2x1": ((2, 3, 5, 7), {"scale_factor": (2, 1)}), "3d_2x": ((2, 3, 4, 5, 3), {"scale_factor": 2}),
+                     "1d_2x": ((2, 3, 9), {"scale_factor": 2}), "3x_scatter": ((2, 3, 5, 7), {"scale_factor": 3}),
+                     "channels_last": ((2, 3, 5, 7), {"scale_factor": 2})}[case]
+    x = torch.randn(shape)
+    if case == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    x.requires_grad_()
+    weight = torch.randn(F.interpolate(x.detach(), **kwargs).shape)
+
+    def grads(x: torch.Tensor) -> torch.Tensor:
+        return torch.autograd.grad((F.interpolate(x, **kwargs) * weight).sum(), [x])[0]
+
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        got = torch.compile(grads, backend="minductor")(x)
+    torch.testing.assert_close(got, grads(x))
+    kernels = sorted(p.name for p in tmp_path.glob("graph_*_backward/cpp_*.cpp"))
+    scatter = any("full" in name for name in kernels)  # (a scatter fills a zeroed buffer first)
+    assert scatter == (case == "3x_scatter") and len(kernels) == (2 if scatter else 1), kernels

@@ -8,6 +8,8 @@ eager's order, so duplicates resolve as in eager and accumulation is determinist
 """
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,7 +20,8 @@ from minductor.ir.nodes import Buffer, ComputedBuffer, Pointwise, StorageBox, Te
 from minductor.ir.ops import ops
 from minductor.ir.views import realize_input
 from minductor.lowering.constructors import full_like
-from minductor.lowering.indexing import check_index_dtype
+from minductor.ir.indexing import FloorDiv, make_vars
+from minductor.lowering.indexing import check_index_dtype, static_positions
 from minductor.lowering.pointwise import clone
 from minductor.lowering.registry import (
     Unsupported,
@@ -93,8 +96,12 @@ def index_put(x: TensorBox, indices: Sequence[Any], values: Any, accumulate: boo
     before = [d for d in rest if d < lead] if adjacent else []
     after = [d for d in rest if d not in before]
     result_size = [size[d] for d in before] + list(index_shape) + [size[d] for d in after]
-    out, buf = _fresh_buffer(x)
     loaders = {d: expand_to(indices[d], index_shape).make_loader() for d in indexed}
+    if accumulate and adjacent and is_tensor(values):
+        windows = _window_ratios(loaders, indexed, index_shape, size)
+        if windows is not None:
+            return _window_sums(x, values, windows, len(before), result_size)
+    out, buf = _fresh_buffer(x)
     value_load = _value_loader(values, result_size, x.get_dtype())
     indexer = buf.layout.make_indexer()
     n_before, n_index = len(before), len(index_shape)
@@ -115,6 +122,56 @@ def index_put(x: TensorBox, indices: Sequence[Any], values: Any, accumulate: boo
     _mutate(buf, result_size, body, "index_put",
             write_apart=[d for d in range(len(result_size)) if not n_before <= d < n_before + n_index])
     return out
+
+
+# a window of at most this many values per target element is summed by unrolled loads
+MAX_WINDOW = 16
+
+
+def _window_ratios(loaders: dict[int, Any], indexed: list[int], index_shape: Sequence[Expr],
+                   size: Sequence[Expr]) -> list[int] | None:
+    """For an accumulating ``index_put`` whose k-th index tensor is ``arange(r_k * n_k) // r_k``
+    along the k-th index dim (an upsample-nearest's backward at whole scales, its index
+    tensors recomputed from aranges: ``partition``), the ratios r_k: each target element then
+    sums a window of r_0 x r_1 ... values, no two windows overlapping."""
+    if len(indexed) != len(index_shape):
+        return None
+    syms = make_vars("mi_w", len(index_shape))
+    ratios = []
+    for k, d in enumerate(indexed):
+        at = static_positions(loaders[d], index_shape, size[d], wrap=False)
+        expr = at(syms) if at is not None else None
+        if expr == syms[k]:
+            ratio = 1
+        elif isinstance(expr, FloorDiv) and expr.args[0] == syms[k] and expr.args[1].is_Integer:
+            ratio = int(expr.args[1])
+        else:
+            return None
+        if sympy.sympify(index_shape[k]) != ratio * sympy.sympify(size[d]):
+            return None
+        ratios.append(ratio)
+    return ratios if 1 < math.prod(ratios) <= MAX_WINDOW else None
+
+
+def _window_sums(x: TensorBox, values: TensorBox, ratios: list[int], lead: int, result_size: Sequence[Expr]) -> TensorBox:
+    """``x`` plus, at each element, the sum of its window of ``values`` (``_window_ratios``),
+    added in the values' order as eager's accumulation adds them (a pure pointwise node: the
+    scatter ran serially, 4.6 ms for an upsample's backward at (8, 64, 112, 112))."""
+    load_x = x.make_loader()
+    load_v = _value_loader(values, result_size, x.get_dtype())
+    offsets = list(itertools.product(*(range(r) for r in ratios)))
+
+    def inner_fn(index: Sequence[Expr]) -> Any:
+        total = load_x(index)
+        for offset in offsets:
+            at = list(index)
+            for k, (r, o) in enumerate(zip(ratios, offset)):
+                at[lead + k] = r * index[lead + k] + o
+            total = ops.add(total, load_v(at))
+        return total
+
+    return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), inner_fn, list(x.get_size()),
+                                      origins=frozenset({"index_put"})))
 
 
 def _scatter(x: TensorBox, dim: int, index: TensorBox, src: Any, mode: str | None, origin: str) -> TensorBox:
