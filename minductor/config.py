@@ -63,7 +63,8 @@ triton_mm_template: bool = True
 # Triton kernels try a few block sizes / warp counts on their first call per size and keep the
 # fastest (timed with triton.testing.do_bench; GPU only: elsewhere the heuristic config runs).
 triton_autotune: bool = _env_bool("MINDUCTOR_TRITON_AUTOTUNE")
-# Run random ops (rand, dropout) through aten so results match eager bit for bit.
+# Run random ops (rand, randn, dropout kept whole) through aten so results match eager bit for
+# bit; off, rand and randn are generated in the kernels that read them (lowering/random.py).
 fallback_random: bool = False
 # Check indirect indices (gather, index, scatter...) in generated code and raise IndexError like
 # eager; off, an out-of-range index reads or writes out of bounds (faster, for trusted inputs).
