@@ -231,7 +231,7 @@ def _group_norm_backward(grad_output: torch.Tensor, input: torch.Tensor, mean: t
 # ``aten._foreach_*`` (EMA updates, foreach optimizers, ``clip_grad_norm_``): one op per tensor,
 # each lowered and fused as any other (the aten op was a fallback whose outputs all
 # materialized: an in-place lerp over 12 tensors took three list ops and 12 copies, 2.4 ms
-# against eager's 0.22). ``powsum`` and ``addcmul.Tensor`` stay aten ops.
+# against eager's 0.22). ``powsum`` and the ``.Tensor`` forms of addcmul and addcdiv stay aten ops.
 _FOREACH_UNARY = ("abs", "acos", "asin", "atan", "ceil", "clone", "cos", "cosh", "erf", "erfc", "exp", "expm1",
                   "floor", "frac", "lgamma", "log", "log10", "log1p", "log2", "neg", "reciprocal", "round",
                   "rsqrt", "sigmoid", "sign", "sin", "sinh", "sqrt", "tan", "tanh", "trunc")

@@ -16,11 +16,11 @@ from typing import Any
 import sympy
 import torch
 
+from minductor.ir.indexing import FloorDiv, make_vars
 from minductor.ir.nodes import Buffer, ComputedBuffer, Pointwise, StorageBox, TensorBox
 from minductor.ir.ops import ops
 from minductor.ir.views import realize_input
 from minductor.lowering.constructors import full_like
-from minductor.ir.indexing import FloorDiv, make_vars
 from minductor.lowering.indexing import check_index_dtype, static_positions
 from minductor.lowering.pointwise import clone
 from minductor.lowering.registry import (
