@@ -239,20 +239,19 @@ _FOREACH_BINARY = ("add", "sub", "mul", "div", "pow", "clamp_min", "clamp_max", 
 _FOREACH_SPECIAL: dict[str, Callable[..., Any]] = {
     "maximum": lambda a, b: aten.maximum(a, b) if isinstance(b, torch.Tensor) else aten.clamp_min(a, b),
     "minimum": lambda a, b: aten.minimum(a, b) if isinstance(b, torch.Tensor) else aten.clamp_max(a, b),
-    "addcmul": lambda a, b, c, value=1: a + value * (b * c),
-    "addcdiv": lambda a, b, c, value=1: a + value * (b / c),
+    "addcmul": lambda a, b, c, value=1: aten.addcmul(a, b, c, value=value),  # (value keyword-only there)
+    "addcdiv": lambda a, b, c, value=1: aten.addcdiv(a, b, c, value=value),
     "norm": lambda a, ord=2, dtype=None: aten.linalg_vector_norm(a, ord, dtype=dtype),
     "zero": lambda a: aten.zeros_like(a),
 }
 
 
 def _per_tensor(overload: Any, op: Callable[..., Any]) -> Callable[..., Any]:
-    schema = overload._schema
-    arguments = schema.arguments
+    arguments = overload._schema.arguments
+    listed = [isinstance(a.type, torch.ListType) for a in arguments]
 
     def decompose(*args: Any, **kwargs: Any) -> list[Any]:
         values = [args[k] if k < len(args) else kwargs.get(a.name, a.default_value) for k, a in enumerate(arguments)]
-        listed = [isinstance(a.type, torch.ListType) for a in arguments]
         count = len(next(v for v, is_list in zip(values, listed) if is_list))
         out = []
         for i in range(count):

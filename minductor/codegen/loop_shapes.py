@@ -287,6 +287,7 @@ def _mergeable(i: int, j: int, variables: Sequence[sympy.Symbol], sizes: Sequenc
             return False
     return True
 
+
 def in_store_order(dims: MergedDims, nodes: Sequence[SchedulerNode]) -> MergedDims:
     """The loops of a pointwise kernel (any order is valid) ordered like the memory of the
     first store, largest stride outermost: a channels-last output (strides ``HWC, 1, WC, C``)
@@ -300,7 +301,7 @@ def in_store_order(dims: MergedDims, nodes: Sequence[SchedulerNode]) -> MergedDi
     # symbolic strides order by their size hints: the stride-1 loop comes last at every size
     # (any order is correct; x.t() + 1 over symbolic sizes ran 70x slower column by column)
     stride = [sympy.sympify(coeffs[v]) for v in dims.variables]
-    order = sorted(range(len(stride)), key=lambda i: (stride[i] == 1, -V.graph.sizevars.hint(stride[i])))
+    order = _memory_order(stride)
     if stride[order[-1]] != 1:
         return dims  # no loop the store walks at stride 1
     order = _unread_loops_outside(order, dims, nodes)
@@ -330,9 +331,13 @@ def reduction_read_order(variables: Sequence[sympy.Symbol], sizes: Sequence[Expr
     if coeffs is None:
         return order
     stride = [sympy.sympify(coeffs[v]) for v in variables]
-    if not any(s == 1 for s in stride):
-        return order
-    return sorted(order, key=lambda i: (stride[i] == 1, -hint(stride[i])))
+    return _memory_order(stride) if any(s == 1 for s in stride) else order
+
+
+def _memory_order(stride: Sequence[Expr]) -> list[int]:
+    """Loop positions by the strides an access walks them with: largest outermost, stride 1
+    innermost (symbolic strides ordered by their size hints)."""
+    return sorted(range(len(stride)), key=lambda i: (stride[i] == 1, -V.graph.sizevars.hint(stride[i])))
 
 
 def _unread_loops_outside(order: list[int], dims: MergedDims, nodes: Sequence[SchedulerNode]) -> list[int]:

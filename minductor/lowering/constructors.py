@@ -96,10 +96,15 @@ def empty(size: Sequence[Any], *args: Any, dtype: torch.dtype | None = None, **k
     return full_of(size, 0, dtype or torch.get_default_dtype(), _device(kwargs.get("device")))
 
 
-def _like(x: TensorBox, value: Any, dtype: torch.dtype | None, kwargs: dict[str, Any]) -> TensorBox:
+def like_device(x: TensorBox, kwargs: dict[str, Any]) -> torch.device:
+    """The device of a ``*_like`` constructor of ``x`` (its layout checked)."""
     _check_layout(kwargs)
     device = kwargs.get("device")
-    return full_of(x.get_size(), value, dtype or x.get_dtype(), _device(device) if device is not None else x.get_device())
+    return _device(device) if device is not None else x.get_device()
+
+
+def _like(x: TensorBox, value: Any, dtype: torch.dtype | None, kwargs: dict[str, Any]) -> TensorBox:
+    return full_of(x.get_size(), value, dtype or x.get_dtype(), like_device(x, kwargs))
 
 
 @register_lowering(aten.full_like)

@@ -26,7 +26,7 @@ import torch
 from minductor import config
 from minductor.ir.nodes import FallbackKernel, Pointwise, TensorBox
 from minductor.ir.ops import ops
-from minductor.lowering.constructors import _check_layout, _device
+from minductor.lowering.constructors import _check_layout, _device, like_device
 from minductor.lowering.extern import layout_of
 from minductor.lowering.registry import Unsupported, register_lowering
 from minductor.virtualized import V
@@ -89,17 +89,11 @@ def randn(size: Sequence[Any], *, dtype: torch.dtype | None = None, **kwargs: An
     return _random("randn", size, dtype, _device(kwargs.get("device")))
 
 
-def _like(kind: str, x: TensorBox, dtype: torch.dtype | None, kwargs: dict[str, Any]) -> TensorBox:
-    _check_layout(kwargs)
-    device = kwargs.get("device")
-    return _random(kind, x.get_size(), dtype or x.get_dtype(), _device(device) if device is not None else x.get_device())
-
-
 @register_lowering(aten.rand_like.default)
 def rand_like(x: TensorBox, *, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
-    return _like("rand", x, dtype, kwargs)
+    return _random("rand", x.get_size(), dtype or x.get_dtype(), like_device(x, kwargs))
 
 
 @register_lowering(aten.randn_like.default)
 def randn_like(x: TensorBox, *, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorBox:
-    return _like("randn", x, dtype, kwargs)
+    return _random("randn", x.get_size(), dtype or x.get_dtype(), like_device(x, kwargs))
