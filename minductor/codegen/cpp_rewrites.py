@@ -60,6 +60,12 @@ def _costly(expr: str) -> bool:
     return " / " in expr or any(name not in _CHEAP_CALLS for name in _CALL.findall(expr))
 
 
+def only_cheap_calls(lines: list[str]) -> bool:
+    """Whether the values the ``tmp`` lines compute call nothing beyond cheap arithmetic."""
+    return all(name in _CHEAP_CALLS or name in ("mi_lowest", "mi_highest")
+               for line in lines if "tmp" in line for name in _CALL.findall(line))
+
+
 def _tableable(kernel: Any, var: str, inner: str, definitions: dict[str, str]) -> list[tuple[str, str]] | None:
     """The (tmp, expr) definitions ``var`` is computed from, in order, if it may be tabled."""
     exprs = kernel.definition_closure(var, definitions)

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 from minductor import config
 from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer
 from minductor.codegen.cpp_f16c import convert_halves_in_blocks
+from minductor.codegen.cpp_rewrites import only_cheap_calls
 from minductor.codegen.cpp_split_rows import THREADS_LINE
-from minductor.runtime.cache import vector_gathers_pay_off
+from minductor.runtime.cache import narrow_loads_stream_faster, vector_gathers_pay_off
 from minductor.virtualized import V
 
 if TYPE_CHECKING:
@@ -50,6 +51,10 @@ def render_unit(kernel: CppKernel, code: CodeBuffer) -> str:
         if f"mi_{fn}(" not in text and "mi_tan(" not in text and "mi_randn(" not in text:
             out.writeline(f"#define MI_NO_{fn.upper()}")
     out.writeline('#include "minductor_prelude.h"')
+    narrow = narrow_loads_stream_faster() and streams_reads(kernel, text)
+    if narrow:
+        out.writeline("#pragma GCC push_options")
+        out.writeline('#pragma GCC target("prefer-vector-width=256")  // streamed reads (runtime/cache.narrow_loads_stream_faster)')
     out.writeline("")
     sigs = [", ".join(params + ([extra] if extra else [])) for _, extra, _ in kernel.helpers]
     parts = split_parts([len(block.lines) for _, _, block in kernel.helpers], len(code.lines))
@@ -79,7 +84,23 @@ def render_unit(kernel: CppKernel, code: CodeBuffer) -> str:
     out.writeline("}")
     if parts:
         out.writeline("#endif")
+    if narrow:
+        out.writeline("#pragma GCC pop_options")
     return out.getvalue()
+
+
+def streams_reads(kernel: CppKernel, text: str) -> bool:
+    """Whether ``kernel`` (its loops' ``text``) reduces what it reads along contiguous lanes
+    with cheap arithmetic only: a memory-bound loop whose speed is the rate its loads stream.
+    Reductions over outer lanes (column sums) and loops that store along their inner range
+    are left alone, and so is any costlier math (exp, Welford updates)."""
+    n_outer = len(kernel.group.outer)
+    nodes = kernel.group.nodes
+    if kernel.tile_var is not None or not any(n.red_ranges for n in nodes):
+        return False
+    if any(not n.red_ranges and n.pw_ranges[n_outer:] for n in nodes):
+        return False
+    return only_cheap_calls(text.splitlines())
 
 
 # A kernel whose loop functions come to this many lines is split over parallel translation

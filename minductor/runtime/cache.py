@@ -195,6 +195,20 @@ def vector_gathers_pay_off() -> bool:
 
 
 @functools.cache
+def narrow_loads_stream_faster() -> bool:
+    """Whether a loop that streams its input from memory reads it faster with 256-bit loads
+    than with 512-bit ones: AMD family 25 with AVX-512 (Zen 4, whose AVX-512 loads are split
+    in two). On a Zen 4 VM, a row sum of 4096x4096 floats with 2 threads ran 13-17% faster
+    over ymm registers than over zmm in a C harness (eager's AVX2 sum loop was as fast as
+    the ymm one), and the suite's contiguous reductions 3-17% faster (a full sum, row sums
+    and means, a squared-error mean); column sums and compute-bound kernels lost with them
+    (softmax's row kernel 22%), so only a reduction kernel of loads and cheap arithmetic
+    asks for them (codegen/cpp_unit.streams_reads)."""
+    info = cpu_info()
+    return info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") == "25" and avx512_enabled(config.cxx)
+
+
+@functools.cache
 def native_half_gemm() -> bool:
     """Whether the CPU multiplies half matrices natively (AVX512-FP16 or AMX-FP16). Without,
     eager's half GEMM takes a slow path: a (1024, 256) @ (256, 768) half product took 144 ms on
