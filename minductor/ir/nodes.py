@@ -286,6 +286,9 @@ class ComputedBuffer(Buffer):
     # scattered one, which indexes the target directly): a scatter's loops over them may run in
     # parallel, each element's updates staying in one thread in eager's order
     write_apart: frozenset[int] = frozenset()
+    # ``mutates`` is stored only at elements no other node writes (a concatenation's input into
+    # its slice of the output): the node may share a kernel with the others, in any order
+    own_slice: bool = False
 
     def store_name(self) -> str:
         return self.mutates or self.name

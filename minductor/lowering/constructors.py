@@ -269,7 +269,7 @@ def _cat_into_slices(layout: FixedLayout, dim: int, extents: list[Expr], offsets
             at[dim] = at[dim] + offset
             ops.store(owner.name, indexer(at), load(index))
 
-        _mutate(owner, part_size(k), body, "cat")
+        _mutate(owner, part_size(k), body, "cat", own_slice=True)
     return TensorBox.create(owner)
 
 

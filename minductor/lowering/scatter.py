@@ -54,13 +54,13 @@ def _fresh_buffer(x: TensorBox) -> tuple[TensorBox, Buffer]:
 
 
 def _mutate(target: Buffer, ranges: Sequence[Expr], body: Callable[[Sequence[Expr]], None], origin: str,
-            write_apart: Sequence[int] = ()) -> None:
+            write_apart: Sequence[int] = (), own_slice: bool = False) -> None:
     """Register a node looping over ``ranges`` whose ``body(index)`` stores into ``target``
-    (``write_apart``: see ``ComputedBuffer``)."""
+    (``write_apart``, ``own_slice``: see ``ComputedBuffer``)."""
     node = ComputedBuffer(
         name="", layout=target.layout,
         data=Pointwise(target.get_device(), target.get_dtype(), body, list(ranges), origins=frozenset({origin})),
-        mutates=target.name, write_apart=frozenset(write_apart),
+        mutates=target.name, write_apart=frozenset(write_apart), own_slice=own_slice,
     )
     V.graph.register_buffer(node)
 

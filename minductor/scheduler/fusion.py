@@ -22,7 +22,9 @@ def fused_outer(a: FusedGroup, b: FusedGroup) -> list[Expr] | None:
     pointwise-only group may shorten its outer loops to a prefix, moving the rest inside.
     Two pointwise-only groups one of which reads the other's output share their longest
     common prefix: a producer's rows, read back within the row by a consumer of other inner
-    ranges (the window sums of a pooling's first pass), then stay in the kernel.
+    ranges (the window sums of a pooling's first pass), then stay in the kernel; and so do
+    two that write slices of one buffer (a concatenation's inputs of different widths: each
+    output row is written whole by one thread).
     """
     oa, ob = list(a.outer), list(b.outer)
     ra, rb = a.has_reduction(), b.has_reduction()
@@ -38,7 +40,8 @@ def fused_outer(a: FusedGroup, b: FusedGroup) -> list[Expr] | None:
         return short
     common = next((i for i, (x, y) in enumerate(zip(oa, ob)) if x != y), len(short))
     vertical = a.write_names() & b.read_names() or b.write_names() & a.read_names()
-    return short[:common] if common and vertical else None
+    slices = a.write_names() & b.write_names()  # (of one buffer: _mutations_fuse decides)
+    return short[:common] if common and (vertical or slices) else None
 
 
 def _rename(
@@ -146,21 +149,29 @@ def reads_only_where_it_writes(group: FusedGroup, mutation: SchedulerNode) -> bo
 
 def _mutations_fuse(a: FusedGroup, b: FusedGroup) -> bool:
     """Groups storing into buffers they do not own (mutations) fuse only when each such store
-    updates a graph input with a plain store (not a scatter: no indirect or combining store, no
-    reduction), no two store into one input, and every read of an updated input in either group
-    is of the element stored there in the same iteration: the kernel reads each old value
-    before overwriting it (an optimizer step updating a parameter and its two moments in one
-    pass). The slices of a cat or a scatter into a buffer of ours keep kernels of their own
-    (each slice its own loop order: a transposed one its tiles)."""
+    is a plain one (not a scatter: no indirect or combining store, no reduction) and either
+    - updates a graph input, no two store into one input, and every read of an updated input
+      in either group is of the element stored there in the same iteration: the kernel reads
+      each old value before overwriting it (an optimizer step updating a parameter and its two
+      moments in one pass); or
+    - writes its own slice of a buffer of ours that neither group reads (a concatenation's
+      inputs: their loops share the outer ones, and inputs they read in common are read once,
+      the rotate-half of rotary embeddings reads ``x`` for both halves).
+    A scatter into a buffer of ours keeps a kernel of its own."""
     muts = [n for n in a.nodes + b.nodes if n.node.mutates]
     if not muts:
         return True
-    if any(n.node.mutates not in V.graph.graph_inputs or n.node.store_mode is not None or n.is_reduction()
-           or n.is_scan() or not all(isinstance(d, MemoryDep) for d in n.read_writes.writes) for n in muts):
+    if any(n.node.store_mode is not None or n.is_reduction() or n.is_scan()
+           or not all(isinstance(d, MemoryDep) for d in n.read_writes.writes) for n in muts):
         return False
-    targets = [n.node.mutates for n in muts]
     merged = FusedGroup(a.nodes + b.nodes, [])
-    return len(set(targets)) == len(targets) and all(reads_only_where_it_writes(merged, n) for n in muts)
+    inputs = [n for n in muts if n.node.mutates in V.graph.graph_inputs]
+    slices = [n for n in muts if n.node.mutates not in V.graph.graph_inputs]
+    read = set().union(*(n.read_writes.read_names() for n in merged.nodes))
+    if any(not n.node.own_slice or n.node.mutates in read for n in slices):
+        return False
+    targets = [n.node.mutates for n in inputs]
+    return len(set(targets)) == len(targets) and all(reads_only_where_it_writes(merged, n) for n in inputs)
 
 
 def can_fuse(a: FusedGroup, b: FusedGroup, nodes_between: bool) -> bool:
