@@ -72,6 +72,25 @@ def test_max_pool2d_with_indices(case: str) -> None:
     check(lambda t: F.max_pool2d(t, k, s, p, d, ceil_mode=c, return_indices=True), x)
 
 
+def test_max_pool_values_keep_the_first_of_equal_values_and_every_nan(tmp_path) -> None:
+    """The values alone take the larger by a select eager's rule gives too (``v > best``, then a
+    NaN): signed zeros tie as eager's first-seen one, NaN anywhere in a window wins; the kernel
+    has no ``||`` of compares (the indices' rule), which cost a fourth op per position."""
+    x = torch.zeros(2, 4, 8, 8)
+    x[0, :, ::2, ::3] = -0.0
+    x[1, :, 1::2, 1::2] = -0.0
+    x[0, 1, 3, 3] = float("nan")
+    x[1, 2, 0, 0] = float("nan")
+    x[1, 3] = torch.randn(8, 8)
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        out = torch.compile(lambda t: F.max_pool2d(t, 3, 2, 1), backend="minductor")(x)
+    ref = F.max_pool2d(x, 3, 2, 1)
+    torch.testing.assert_close(out, ref, equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(out.signbit(), ref.signbit()) and torch.equal(out.isnan(), ref.isnan())
+    (source,) = [p.read_text() for p in tmp_path.glob("graph_*/cpp_fused_*.cpp")]
+    assert "||" not in source and "mi_isnan" in source, source
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.int64])
 def test_max_pool2d_dtypes(dtype: torch.dtype) -> None:
     x = image(2, 3, 7, 7).mul(4).to(dtype)

@@ -159,6 +159,15 @@ def _max_window(x: TensorBox, n: int, kernel: list[int], in_sizes: list[int], po
                     at = flat if mask is None else ops.where(mask, flat, ops.constant(-1, I64))
                     maybe_unset = mask is not None
                 continue
+            if not want_index:
+                # the same choice as a select of the larger then one of a NaN: GCC makes the
+                # first a vmaxps (which keeps ``best`` unless ``value > best``), so a position
+                # costs three vector ops, not four ((8, 64, 56, 56) 3x3/2 pools: channels-last
+                # 0.174 -> 0.127 ms, NCHW 0.74 -> 0.37; whole calls, one process)
+                larger = ops.where(ops.gt(value, best), value, best)
+                new = ops.where(ops.isnan(value), value, larger)
+                best = new if mask is None else ops.where(mask, new, best)
+                continue
             better = ops.logical_or(ops.gt(value, best), ops.isnan(value))
             if maybe_unset:
                 better = ops.logical_or(better, ops.lt(at, ops.constant(0, I64)))
