@@ -39,9 +39,12 @@ def test_pointwise_outputs_stream(tmp_path, shape) -> None:
 def test_layer_norm_streams_its_rows_without_write_prefetches(tmp_path, monkeypatch, two_pass: bool) -> None:
     """The streamed rows are not prefetched for writing; the streaming loop prefetches the next
     row of both inputs instead, a line per iteration (cpp_rewrites.prefetch_next_rows), with
-    Welford and with the two-pass mean and variance alike (not the short variance loop)."""
+    Welford and with the two-pass mean and variance alike (not the short variance loop), on a
+    CPU where such prefetches do not slow the streaming stores down (forced here)."""
+    from minductor.codegen import cpp_rewrites
     from minductor.lowering import reduction
 
+    monkeypatch.setattr(cpp_rewrites, "prefetch_beside_streaming_stores", lambda: True)
     monkeypatch.setattr(reduction, "TWO_PASS_MAX", 2048 if two_pass else 0)
     x, r = torch.randn(200, 300), torch.randn(200, 300)
     code = compiled_code(lambda x, r: F.layer_norm(x + r, (300,)), x, r, tmp_path=tmp_path)
@@ -50,6 +53,29 @@ def test_layer_norm_streams_its_rows_without_write_prefetches(tmp_path, monkeypa
     for arg in ("in_ptr0", "in_ptr1"):
         assert re.search(rf"__builtin_prefetch\(&{arg}\[300 \+ mi_line_at \+ 300L\*xo0\], 0, 3\);", prefetching), prefetching
     assert code.count("__builtin_prefetch(") == 2
+
+
+@pytest.mark.parametrize("two_pass", [True, False], ids=["two_pass", "welford"])
+def test_where_prefetches_slow_streaming_stores_only_lane_loops_prefetch(tmp_path, monkeypatch, two_pass: bool) -> None:
+    """On a CPU where prefetches beside streaming stores cost more than they save (Zen 4:
+    runtime/cache.prefetch_beside_streaming_stores), layer_norm's streamed loop prefetches
+    nothing (the two-pass variance loop may: as fast as none there), and softmax still
+    prefetches the next row in its exp loop."""
+    from minductor.codegen import cpp_rewrites
+    from minductor.lowering import reduction
+
+    monkeypatch.setattr(cpp_rewrites, "prefetch_beside_streaming_stores", lambda: False)
+    monkeypatch.setattr(reduction, "TWO_PASS_MAX", 2048 if two_pass else 0)
+    x, r = torch.randn(200, 300), torch.randn(200, 300)
+    code = compiled_code(lambda x, r: F.layer_norm(x + r, (300,)), x, r, tmp_path=tmp_path / "ln")
+    functions = code.split("MI_LOOP_FN void ")[1:]
+    streamed = [f for f in functions if "mi_stream_store(" in f]
+    assert streamed and not any("__builtin_prefetch(" in f for f in streamed), code
+    assert ("__builtin_prefetch(" in code) == two_pass, code
+    code = compiled_code(lambda x: torch.softmax(x, -1), torch.randn(200, 4096), tmp_path=tmp_path / "sm")
+    assert "mi_stream_store(" in code and re.search(r"__builtin_prefetch\(&in_ptr0\[4096 \+ ", code), code
+    (prefetching,) = [f for f in code.split("MI_LOOP_FN void ")[1:] if "__builtin_prefetch(" in f]
+    assert "mi_exp(" in prefetching and "mi_stream_store(" not in prefetching, code
 
 
 def test_transposed_tiles_stream_their_rows(tmp_path) -> None:
@@ -176,3 +202,16 @@ def test_hoisting_skips_bodies_with_lambdas() -> None:
               "    mi_bad |= tmp6 < 9 ? 0 : 1;", "    return in_ptr1[9L*tmp6 + xo1];",
               "};", "auto tmp10 = tmp5 ? tmp9() : 0.0f;", "out_ptr0[9L*xo0 + xo1] = tmp10;"]
     assert hoist_invariant_lines(masked, "xo1") == ([], masked)
+
+
+@pytest.mark.parametrize(("vendor", "family", "expected"), [("AuthenticAMD", "25", False), ("AuthenticAMD", "26", True),
+                                                            ("GenuineIntel", "6", True)])
+def test_prefetches_beside_streaming_stores_off_on_zen_3_and_4(monkeypatch, vendor: str, family: str, expected: bool) -> None:
+    from minductor.runtime import cache
+
+    monkeypatch.setattr(cache, "cpu_info", lambda: {"vendor_id": vendor, "cpu family": family})
+    cache.prefetch_beside_streaming_stores.cache_clear()
+    try:
+        assert cache.prefetch_beside_streaming_stores() is expected
+    finally:
+        cache.prefetch_beside_streaming_stores.cache_clear()

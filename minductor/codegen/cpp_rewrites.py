@@ -33,6 +33,7 @@ from minductor.codegen.cpp_ops import INLINE_MATH
 from minductor.codegen.cpp_windows import stage_window_gathers, window_sizes
 from minductor.codegen.loop_shapes import SMALL_INNER_CHUNK, line_step
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
+from minductor.runtime.cache import prefetch_beside_streaming_stores
 
 Expr = sympy.Expr
 
@@ -228,12 +229,14 @@ def prefetch_next_rows(blocks: list[CodeBuffer], shapes: list[LoopShape | None],
     normalization; in the short variance loop between instead, the prefetches issue in a
     burst: 3.6-3.7 -> 3.9 ms, and 5.2-5.8 -> 5.9-6.8 ms with a residual add). The loop must be a
     reduction's lane loop or a streamed loop of whole lines; a plain ``omp simd`` loop has no
-    place for one prefetch per line."""
+    place for one prefetch per line. Where prefetches slow streaming stores down (Zen 4:
+    ``runtime/cache.prefetch_beside_streaming_stores``), only lane loops take them."""
     first = shapes[0] if shapes else None
     if first is None:
         return
+    streams = prefetch_beside_streaming_stores()
     later = [(block, shape) for block, shape in zip(blocks[1:], shapes[1:])
-             if shape is not None and shape.size == first.size]
+             if shape is not None and shape.size == first.size and (streams or shape.lanes)]
     heavy = [(b, s) for b, s in later if any(_HEAVY_MATH.search(line) for line in b.lines)]
     streamed = [(b, s) for b, s in later if not s.lanes]
     for block, shape in heavy[:1] + streamed[-1:] + later:

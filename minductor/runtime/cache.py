@@ -209,6 +209,19 @@ def narrow_loads_stream_faster() -> bool:
 
 
 @functools.cache
+def prefetch_beside_streaming_stores() -> bool:
+    """Whether a loop that writes with streaming stores may also prefetch the next row it will
+    read (``codegen/cpp_rewrites.prefetch_next_rows``). Not on AMD family 25 (Zen 3 and 4):
+    on a Zen 4 VM, layer_norm at 4096^2 (a Welford loop, then the normalization streaming the
+    row out) ran 3.96-4.37 ms with those prefetches and 2.88-3.41 without (kernels alone, one
+    process, in shuffled rounds; on a Xeon VM they had taken it from 3.3-3.6 ms to 2.8-3.1).
+    Prefetches in a loop of transcendental math are kept there: softmax's exp loop with them
+    3.6-3.9 ms, without 5.0-5.3."""
+    info = cpu_info()
+    return not (info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") == "25")
+
+
+@functools.cache
 def native_half_gemm() -> bool:
     """Whether the CPU multiplies half matrices natively (AVX512-FP16 or AMX-FP16). Without,
     eager's half GEMM takes a slow path: a (1024, 256) @ (256, 768) half product took 144 ms on
