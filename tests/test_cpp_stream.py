@@ -204,12 +204,13 @@ def test_hoisting_skips_bodies_with_lambdas() -> None:
     assert hoist_invariant_lines(masked, "xo1") == ([], masked)
 
 
-@pytest.mark.parametrize(("vendor", "family", "expected"), [("AuthenticAMD", "25", False), ("AuthenticAMD", "26", True),
-                                                            ("GenuineIntel", "6", True)])
-def test_prefetches_beside_streaming_stores_off_on_zen_3_and_4(monkeypatch, vendor: str, family: str, expected: bool) -> None:
+@pytest.mark.parametrize(("vendor", "family", "flags", "expected"), [
+    ("AuthenticAMD", "25", "sse avx2 avx512f", False), ("AuthenticAMD", "25", "sse avx2", True),
+    ("AuthenticAMD", "26", "avx2 avx512f", True), ("GenuineIntel", "6", "avx2 avx512f", True)])
+def test_prefetches_beside_streaming_stores_off_on_zen_4(monkeypatch, vendor: str, family: str, flags: str, expected: bool) -> None:
     from minductor.runtime import cache
 
-    monkeypatch.setattr(cache, "cpu_info", lambda: {"vendor_id": vendor, "cpu family": family})
+    monkeypatch.setattr(cache, "cpu_info", lambda: {"vendor_id": vendor, "cpu family": family, "flags": flags})
     cache.prefetch_beside_streaming_stores.cache_clear()
     try:
         assert cache.prefetch_beside_streaming_stores() is expected

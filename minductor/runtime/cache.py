@@ -211,14 +211,15 @@ def narrow_loads_stream_faster() -> bool:
 @functools.cache
 def prefetch_beside_streaming_stores() -> bool:
     """Whether a loop that writes with streaming stores may also prefetch the next row it will
-    read (``codegen/cpp_rewrites.prefetch_next_rows``). Not on AMD family 25 (Zen 3 and 4):
-    on a Zen 4 VM, layer_norm at 4096^2 (a Welford loop, then the normalization streaming the
+    read (``codegen/cpp_rewrites.prefetch_next_rows``). Not on AMD family 25 with AVX-512 (Zen 4;
+    Zen 3 was not measured): on a Zen 4 VM, layer_norm at 4096^2 (a Welford loop, then the normalization streaming the
     row out) ran 3.96-4.37 ms with those prefetches and 2.88-3.41 without (kernels alone, one
     process, in shuffled rounds; on a Xeon VM they had taken it from 3.3-3.6 ms to 2.8-3.1).
     Prefetches in a loop of transcendental math are kept there: softmax's exp loop with them
     3.6-3.9 ms, without 5.0-5.3."""
     info = cpu_info()
-    return not (info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") == "25")
+    zen4 = info.get("cpu family") == "25" and "avx512f" in info.get("flags", "").split()
+    return not (info.get("vendor_id") == "AuthenticAMD" and zen4)
 
 
 @functools.cache
