@@ -510,3 +510,29 @@ def test_size_arithmetic_in_floats_and_symbolic_fill_values(name: str) -> None:
         out.backward()
         ref.backward()
         torch.testing.assert_close(x.grad, xr.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_a_fallback_laid_out_after_its_inputs_is_restrided_to_the_traced_layout(tmp_path) -> None:
+    """The CPU flash attention (a fallback at these lengths) returns ``empty_like(query)``.
+    Dynamo traced a query laid out (b, t, h, d) (the projection's transposed view), so the
+    graph views the output's transpose as contiguous; our kernel lays the query out (b, h, t,
+    d). With symbolic sizes the output's layout is not rederived from ours: the wrapper puts
+    the result in the traced layout (a Llama-style model called at a second sequence length
+    gave wrong results before)."""
+    def attn(x, wq, wk, wv, wo):
+        b, t, c = x.shape
+        q, k, v = ((x @ w.t()).view(b, t, 4, 64).transpose(1, 2) for w in (wq, wk, wv))
+        y = F.scaled_dot_product_attention(q * 1.5 + 0.25, k, v)
+        return y.transpose(1, 2).contiguous().reshape(b, t, c) @ wo.t()
+
+    torch.manual_seed(0)
+    ws = [torch.randn(256, 256) / 16 for _ in range(4)]
+    metrics.reset()
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        compiled = torch.compile(attn, backend="minductor", dynamic=True)
+        for t in (200, 300, 257):
+            x = torch.randn(1, t, 256)
+            torch.testing.assert_close(compiled(x, *ws), attn(x, *ws), rtol=1e-4, atol=1e-4)
+    assert metrics.fallback_ops["aten._scaled_dot_product_flash_attention_for_cpu"] >= 1
+    code = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/output_code.py"))
+    assert re.search(r"= restride\(buf\d+, ", code), code

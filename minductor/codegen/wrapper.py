@@ -32,7 +32,7 @@ from minductor.scheduler import Scheduler
 from minductor.scheduler.nodes import ExternSchedulerNode, FusedGroup
 
 # runtime/helpers.py functions every wrapper module imports (extern calls may name them as ops)
-WRAPPER_HELPERS = ("assert_size_stride", "check_index_error", "mm_onednn", "reinterpret_tensor")
+WRAPPER_HELPERS = ("assert_size_stride", "check_index_error", "mm_onednn", "reinterpret_tensor", "restride")
 
 
 class WrapperCodegenError(Exception):
@@ -241,6 +241,7 @@ def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode, graph: Any) -> Non
     node = unit.node
     if isinstance(node, MultiOutput):
         body.writeline(f"{node.name} = {node.parent.name}{''.join(f'[{i}]' for i in node.indices)}")
+        _restride(body, node)
         return
     assert isinstance(node, ExternKernel)
     args = [py_arg(a) for a in node.args]
@@ -256,6 +257,17 @@ def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode, graph: Any) -> Non
     else:
         assert isinstance(node, FallbackKernel)
         body.writeline(f"{node.name} = {op}({', '.join(args + kwargs)})  # fallback")
+        _restride(body, node)
+
+
+def _restride(body: CodeBuffer, node: Any) -> None:
+    """A fallback's tensor result whose layout ``_replay_with_layouts`` (lowering/extern.py)
+    could not rederive from our inputs' layouts (symbolic ones) goes to the layout the graph
+    assumed (``helpers.restride``: a copy only where aten laid it out otherwise)."""
+    lay = getattr(node, "layout", None)
+    if lay is None or all(sympy.sympify(e).is_Integer for e in (*lay.size, *lay.stride)):
+        return
+    body.writeline(f"{node.name} = restride({node.name}, {py_shape(lay.size)}, {py_shape(lay.stride)})")
 
 
 def _aten_name(op: torch._ops.OpOverload) -> str:

@@ -31,6 +31,17 @@ def assert_size_stride(t: torch.Tensor, size: Sequence[int | None], stride: Sequ
         )
 
 
+def restride(t: torch.Tensor, size: Sequence[int], stride: Sequence[int]) -> torch.Tensor:
+    """An aten fallback's result laid out as the compiled graph assumed: ``t`` itself when its
+    strides are those (dims of extent 0 or 1 aside), else a copy with them. Such an op's
+    output layout may follow its inputs' (the CPU flash attention's is ``empty_like(query)``):
+    the graph was traced with eager's input layouts and later views of the result were
+    generated for its traced strides, while our inputs may be laid out otherwise."""
+    if all(n <= 1 or a == e for n, a, e in zip(size, t.stride(), stride)):
+        return t
+    return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
+
+
 def reinterpret_tensor(t: torch.Tensor, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
     """A strided alias of ``t``; ``offset`` counts elements from ``t``'s first element."""
     return torch.as_strided(t, size, stride, t.storage_offset() + offset)
