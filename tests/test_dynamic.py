@@ -536,3 +536,17 @@ def test_a_fallback_laid_out_after_its_inputs_is_restrided_to_the_traced_layout(
     assert metrics.fallback_ops["aten._scaled_dot_product_flash_attention_for_cpu"] >= 1
     code = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/output_code.py"))
     assert re.search(r"= restride\(buf\d+, ", code), code
+
+
+def test_a_symbolic_negative_start_counts_from_the_end() -> None:
+    """``bias[:, -t:]`` and ``bias.select(1, -t)`` with ``t`` a dynamic size (T5's position
+    bias sliced to the query length): the start wraps as in Python. It was clamped as a
+    non-negative start (a slice 2t long: the lowering failed on the broadcast after it)."""
+    def fn(bias: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        t = q.shape[1]
+        return q + bias[:, -t:, :t] + bias.select(1, -t)[:, None, :t]
+
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for t in (5, 9, 16):
+        bias, q = torch.randn(2, 2 * t, 3 * t), torch.randn(2, t, t)
+        torch.testing.assert_close(compiled(bias, q), fn(bias, q))

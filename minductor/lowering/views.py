@@ -193,7 +193,7 @@ def select(x: TensorBox, dim: int, index: int) -> TensorBox:
     if size.is_number and index.is_number and not -int(size) <= int(index) < int(size):
         raise IndexError(f"select(): index {index} out of range for dim {dim} of size {size} (shape {list(old)})")
     # (a symbolic size or index was checked by Dynamo while tracing, and is guarded)
-    index = index + size if index.is_number and index < 0 else index
+    index = index + size if _negative(index) else index
     new = list(old[:dim]) + list(old[dim + 1:])
     return make_view(x, new, lambda idx: list(idx[:dim]) + [index] + list(idx[dim:]))
 
@@ -221,6 +221,16 @@ def _slice_bounds(size: Expr, start: Any, end: Any, step: int) -> tuple[Expr, Ex
     return _symbolic_slice(size, start, end, step)
 
 
+def _negative(index: Expr) -> bool:
+    """Whether an index counts from the end: a negative number, or a symbolic one negative
+    for every size (``-s0``: T5's ``position_bias[:, :, -seq_length:]``) or, where the sign
+    is not known, at the size hint: tracing took the same branch for it and guarded it."""
+    index = sympy.sympify(index)
+    if index.is_negative is not None:
+        return bool(index.is_negative)
+    return V.graph.sizevars.hint(index) < 0
+
+
 def _symbolic_slice(size: Expr, start: Any, end: Any, step: int) -> tuple[Expr, Expr]:
     """Start and length of a slice of a symbolic size, clamped as Python does."""
     big = 2**62
@@ -229,7 +239,7 @@ def _symbolic_slice(size: Expr, start: Any, end: Any, step: int) -> tuple[Expr, 
         if v is None or (isinstance(v, int) and v >= big):
             return default
         v = sympy.sympify(v)
-        if v.is_number and v < 0:
+        if _negative(v):
             return sympy.Max(size + v, 0)
         return sympy.Min(v, size)
 
