@@ -7,6 +7,7 @@ import ctypes
 from pathlib import Path
 
 import pytest
+import sympy
 import torch
 import torch.nn.functional as F
 
@@ -141,6 +142,37 @@ def test_a_pointer_the_loop_stores_through_is_read_in_place() -> None:
     assert "mi_floats_to_halves<64>(mi_hs0, &in_out_ptr0[mi_hb]);" in code, code
 
 
+@pytest.mark.parametrize("kind", ["half", "bf16"])
+def test_a_store_the_loop_reads_back_is_not_deferred(kind: str) -> None:
+    """A value stored, then copied as its bits into a second output by a later line of the
+    same iteration (a ResNet's last block, updated in place channels-last and cloned to the
+    user's NCHW output): deferred to the block's end, the copy read the old value. The
+    store stays in place; the kernel, compiled and run, copies the new values."""
+    from minductor.runtime.cache import compile_cpp
+
+    lines = ["#pragma omp simd",
+             "for (int64_t xi0 = 0; xi0 < 256; xi0++)",
+             "{",
+             f"    auto tmp0 = mi_{kind}_to_float(in_out_ptr0[xi0]);",
+             f"    auto tmp1 = mi_{kind}_to_float(in_ptr0[xi0]);",
+             f"    in_out_ptr0[xi0] = mi_float_to_{kind}(tmp0 + tmp1);",
+             "    out_ptr0[xi0] = in_out_ptr0[xi0];",
+             "}"]
+    body = convert_halves_in_blocks(lines)
+    code = "\n".join(body)
+    assert f"in_out_ptr0[xi0] = mi_float_to_{kind}(tmp0 + tmp1);" in code and "mi_h0" in code, code
+    source = "\n".join(['#include "minductor_prelude.h"',
+                        'extern "C" void k(uint16_t* __restrict__ in_out_ptr0, const uint16_t* __restrict__ in_ptr0, '
+                        'uint16_t* __restrict__ out_ptr0) {', *body, "}"])
+    lib = ctypes.CDLL(str(compile_cpp(source, f"mi_store_read_back_{kind}")))
+    dtype = torch.float16 if kind == "half" else torch.bfloat16
+    a, b = torch.randn(256).to(dtype), torch.randn(256).to(dtype)
+    want = (a.float() + b.float()).to(dtype)
+    out = torch.empty(256, dtype=dtype)
+    lib.k(ctypes.c_void_p(a.data_ptr()), ctypes.c_void_p(b.data_ptr()), ctypes.c_void_p(out.data_ptr()))
+    assert torch.equal(a, want) and torch.equal(out, want)
+
+
 @pytest.mark.parametrize("n", [37000, 4096])
 def test_half_pointwise_kernels_convert_in_blocks(n: int, tmp_path: Path) -> None:
     """A one-dimensional pointwise kernel over halves: threads take blocks of converted values,
@@ -225,3 +257,25 @@ def test_bfloat16_pointwise_loops_convert_in_blocks(tmp_path) -> None:
     torch.testing.assert_close(got, F.gelu(x))
     source = "".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_*.cpp"))
     assert "mi_bf16s_to_floats<64>(" in source and "mi_floats_to_bf16s<64>(" in source, source
+
+
+def test_bfloat16_rows_of_symbolic_width_divided_convert_in_blocks() -> None:
+    """Index text with C++ integer division and mi_max_i64 (a dynamic width split into heads)
+    reads back as FloorDiv and Max (``common.parse_cpp_index``): SymPy's own parser made
+    ``s0 / 4`` a fraction, and compiling the kernel failed; results match eager."""
+    from minductor.codegen.common import cpp_index, parse_cpp_index
+    from minductor.ir.indexing import FloorDiv, ModularIndexing, index_symbol
+
+    s0, x = index_symbol("s0"), index_symbol("xo1")
+    for expr in (x + 64 * FloorDiv(s0, 4), ModularIndexing(x, 1, s0) - 3, sympy.Max(1, FloorDiv(s0, 4)) * x + 2):
+        assert parse_cpp_index(cpp_index(expr)) == expr
+    assert parse_cpp_index("tmp0[3]") is None and parse_cpp_index("abs(xo1)") is None
+
+    def heads(x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        return x.view(b, t, 4, c // 4).transpose(1, 2).reshape(b * 4, t, c // 4) + 1
+
+    compiled = torch.compile(heads, backend="minductor", dynamic=True)
+    for t in (64, 96):
+        x = torch.randn(2, t, 256).bfloat16()
+        torch.testing.assert_close(compiled(x), heads(x))

@@ -1,10 +1,12 @@
 """Shared codegen pieces: index printing, kernel arguments, CSE and indented code buffers."""
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import re
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import sympy
 import torch
@@ -101,6 +103,40 @@ def cpp_index(expr: Expr) -> str:
     if isinstance(expr, sympy.Min):
         return f"mi_min_i64({cpp_index(expr.args[0])}, {cpp_index(sympy.Min(*expr.args[1:]))})"
     raise NotImplementedError(f"cannot print index expression {expr} ({type(expr).__name__})")
+
+
+_PARSE_BINARY: dict[type, Any] = {
+    ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+    ast.Div: FloorDiv, ast.Mod: lambda a, b: ModularIndexing(a, 1, b),
+}
+_PARSE_CALLS: dict[str, Any] = {"mi_max_i64": sympy.Max, "mi_min_i64": sympy.Min}
+
+
+def parse_cpp_index(text: str) -> Expr | None:
+    """The index expression ``cpp_index`` printed as ``text``, or None for anything else. Its ``/`` and ``%`` are integer division and remainder
+    of non-negative values, so they read back as FloorDiv and ModularIndexing; parsed by
+    SymPy they would be exact fractions (a bfloat16 row of ``s0 / 4`` went wrong that way)."""
+    from minductor.ir.indexing import index_symbol
+
+    def convert(node: ast.AST) -> Expr:
+        if isinstance(node, ast.Expression):
+            return convert(node.body)
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return sympy.Integer(node.value)
+        if isinstance(node, ast.Name):
+            return index_symbol(node.id)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -convert(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _PARSE_BINARY:
+            return _PARSE_BINARY[type(node.op)](convert(node.left), convert(node.right))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _PARSE_CALLS and not node.keywords:
+            return _PARSE_CALLS[node.func.id](*(convert(a) for a in node.args))
+        raise ValueError(f"not an index expression: {ast.dump(node)}")
+
+    try:
+        return convert(ast.parse(re.sub(r"\b(\d+)L\b", r"\1", text.strip()), mode="eval"))
+    except (SyntaxError, ValueError, TypeError):
+        return None
 
 
 def py_shape(values: Sequence[Expr | None]) -> str:

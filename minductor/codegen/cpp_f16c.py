@@ -28,7 +28,8 @@ import re
 
 import sympy
 
-from minductor.codegen.common import cpp_index, indent_of
+from minductor.codegen.common import cpp_index, indent_of, parse_cpp_index
+from minductor.ir.indexing import index_symbol
 
 BLOCK = 64
 _LOAD = re.compile(r"auto (tmp\d+) = mi_(half|bf16)_to_float\((\w+)\[(.*)\]\);$")
@@ -37,6 +38,7 @@ _STORE = re.compile(r"(\w+)\[(.*)\] = mi_float_to_(half|bf16)\((.*)\);$")
 _TO_FLOATS = {"half": "mi_halves_to_floats", "bf16": "mi_bf16s_to_floats"}
 _FROM_FLOATS = {"half": "mi_floats_to_halves", "bf16": "mi_floats_to_bf16s"}
 _ANY_STORE = re.compile(r"(\w+)\[.*\] = ")
+_INDEXED = re.compile(r"\b(\w+)\[")
 _LANE_LOOP = re.compile(r"for \(int64_t mi_lane = 0; mi_lane < (\d+); mi_lane\+\+\)$")
 _LANE_VAR = re.compile(r"const int64_t (\w+) = (\w+) \+ mi_lane;$")
 _SIMD_LOOP = re.compile(r"for \(int64_t (\w+) = (.+); \1 < (.+); \1\+\+\)$")
@@ -50,14 +52,13 @@ def _at(index: str, var: str, value: str) -> str | None:
     not change along the loop (its elements are contiguous); None otherwise."""
     if re.search(r"\btmp\d+\b", index):
         return None
-    try:
-        expr = sympy.sympify(_LITERAL.sub(r"\1", index))
-    except (sympy.SympifyError, SyntaxError, TypeError):
+    expr = parse_cpp_index(_LITERAL.sub(r"\1", index))
+    if expr is None:
         return None
-    v = sympy.Symbol(var)
+    v = index_symbol(var)
     if not expr.is_polynomial(v) or sympy.diff(expr, v) != 1:
         return None
-    return cpp_index(expr.xreplace({v: sympy.Symbol(value)}))
+    return cpp_index(expr.xreplace({v: index_symbol(value)}))
 
 
 def _flat_body(lines: list[str], start: int) -> int | None:
@@ -93,6 +94,12 @@ def _conversions(body: list[str], var: str, base: str, lane: str, n: str,
     stores of ``body`` over ``var`` of the 16-bit ``kinds`` ("half", "bf16"), a block of ``n``
     of them starting where ``var`` is ``base``; ``lane`` is the element's place in the block."""
     stored = {m.group(1) for line in body if (m := _ANY_STORE.match(line.strip()))}
+    def read_after(i: int) -> set[str]:
+        """Pointers the lines after ``body[i]`` read (right of an assignment): a store through
+        one of them stays in place, as the same iteration reads it back (a value copied as its
+        bits into a second output; deferred to the block's end, the copy took the old value)."""
+        return {p for line in body[i + 1:] for p in _INDEXED.findall(line.split(" = ", 1)[-1])}
+
     before: list[str] = []
     after: list[str] = []
     loads = 0
@@ -106,7 +113,8 @@ def _conversions(body: list[str], var: str, base: str, lane: str, n: str,
             before += [f"alignas(64) float {array}[{n}];",
                        f"{_TO_FLOATS[load.group(2)]}<{n}>(&{load.group(3)}[{at}], {array});"]
             rewritten[i] = f"{indent_of(line)}auto {load.group(1)} = {array}[{lane}];"
-        elif store and store.group(3) in kinds and (at := _at(store.group(2), var, base)) is not None:
+        elif (store and store.group(3) in kinds and store.group(1) not in read_after(i)
+              and (at := _at(store.group(2), var, base)) is not None):
             array = f"mi_hs{len(after)}"
             before.append(f"alignas(64) float {array}[{n}];")
             after.append(f"{_FROM_FLOATS[store.group(3)]}<{n}>({array}, &{store.group(1)}[{at}]);")
