@@ -130,3 +130,17 @@ def test_an_upsample_into_a_channels_last_buffer_transposes_in_tiles(tmp_path) -
     code = compiled_code(lambda x: F.interpolate(x, scale_factor=2).contiguous(memory_format=torch.channels_last),
                          x, tmp_path=tmp_path)
     assert "mi_transpose16(" in code, code
+
+
+def test_a_transposed_read_through_a_computed_index_is_not_staged() -> None:
+    """A transposed operand picked by an index tensor (Falcon's fused query/key/value) is read
+    where the body computed the index, not staged ahead of it (its fill loop named an index
+    the body had not computed yet, and the kernel failed to compile)."""
+    def fn(x: torch.Tensor, i: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.index_select(x, 1, i).squeeze(1).transpose(-1, -2) * 2 + y
+
+    x, i, y = torch.randn(2, 6, 64, 128), torch.tensor([4]), torch.randn(2, 128, 64)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(fn, backend="minductor")(x, i, y), fn(x, i, y))
+    with pytest.raises(IndexError):
+        torch.compile(fn, backend="minductor")(x, torch.tensor([6]), y)

@@ -225,6 +225,8 @@ class StagedTile:
 
     def maybe_stage(self, kernel: CppKernel, arg: str, dtype: torch.dtype, index: Expr) -> str | None:
         expr = simplify_index(kernel.merged(index), kernel.range_of)
+        if any(str(s) in kernel.indirect_sizes for s in expr.free_symbols):
+            return None  # through a computed index (Falcon's fused qkv picked by a tensor): known in the body only
         coeffs = affine_coeffs(expr, [self.v1, self.v2])
         if coeffs is not None and coeffs[self.v1] == 1 and coeffs[self.v2] != 0:
             self.row_loads[(arg, expr)] = dtype.itemsize  # read along the tile's rows: prefetched
