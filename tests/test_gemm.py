@@ -320,3 +320,30 @@ def test_products_with_more_rows_stay_gemms(tmp_path: Path) -> None:
             torch.testing.assert_close(torch.compile(torch.mm, backend="minductor")(a, b), a @ b, rtol=1e-4, atol=1e-4)
         code = next(iter(_codes(tmp_path / str(a.shape[0])).values()))
         assert ONEDNN in code or "aten.mm.out" in code, code
+
+
+@pytest.mark.parametrize("vendor, family, least", [("AuthenticAMD", "25", 1 << 24), ("AuthenticAMD", "26", 1 << 20),
+                                                   ("HygonGenuine", "24", 1 << 20)])
+def test_auto_sends_smaller_products_to_mkl_where_its_path_is_not_slow(monkeypatch: pytest.MonkeyPatch, vendor: str,
+                                                                       family: str, least: int) -> None:
+    monkeypatch.setattr(cache, "cpu_info", lambda: {"vendor_id": vendor, "cpu family": family})
+    cache.onednn_auto_min_macs.cache_clear()
+    try:
+        assert cache.onednn_auto_min_macs() == least
+    finally:
+        cache.onednn_auto_min_macs.cache_clear()
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+@pytest.mark.parametrize("least", [1 << 20, 1 << 24])
+def test_auto_threshold_decides_the_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, least: int) -> None:
+    """A 512x48 @ 48x144 product (3.4M multiply-adds, a Swin layer's): oneDNN under the 2^20
+    threshold, MKL under Zen 4's 2^24; results match eager either way."""
+    monkeypatch.setattr(extern, "onednn_gemm_pays_off", lambda: True, raising=False)
+    monkeypatch.setattr(cache, "onednn_gemm_pays_off", lambda: True)
+    monkeypatch.setattr(cache, "onednn_auto_min_macs", lambda: least)
+    a, b = torch.randn(512, 48), torch.randn(48, 144)
+    with config.patch(debug=True, debug_dir=str(tmp_path), cpu_gemm="auto"):
+        torch.testing.assert_close(torch.compile(torch.mm, backend="minductor")(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    code = next(iter(_codes(tmp_path).values()))
+    assert (ONEDNN in code) == (least == 1 << 20), code

@@ -92,7 +92,7 @@ def bench_dump(directory: Path, min_run_time: float) -> None:
     """Time each kernel of every graph in a MINDUCTOR_DEBUG dump, and each whole graph."""
     bandwidth = streaming_bandwidth(bandwidth_probes())
     for code in sorted(directory.glob("graph_*/output_code.py")):
-        namespace: dict[str, Any] = {"__name__": "minductor_dump"}
+        namespace: dict[str, Any] = {"__name__": "minductor_dump", "__file__": str(code)}  # (its constants beside it)
         source = code.read_text()
         exec(compile(source, str(code), "exec"), namespace)  # noqa: S102 - a generated wrapper
         args = namespace["make_inputs"]()

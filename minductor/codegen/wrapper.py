@@ -315,7 +315,10 @@ def _render_module(calls: CodeBuffer, kernels: list[KernelCode], constants: list
         out.writeline(f"mi_pool = BufferPool({pool_slots})  # large buffers kept across calls")
     out.writeline("")
     if constants:
-        out.writeline("constants = globals().get('constants', {})  # bound by minductor when loaded")
+        out.writeline("constants = globals().get('constants')  # bound by minductor when loaded")
+        out.writeline("if constants is None:  # run on its own from a debug dump: the tensors saved beside it")
+        out.writeline("    from minductor.runtime.helpers import dumped_constants")
+        out.writeline("    constants = dumped_constants(__file__)")
     for name in constants:
         out.writeline(f"{name} = constants.get({name!r})  # held by the graph")
     if constants:

@@ -136,7 +136,8 @@ FEW_ROWS = 8
 FEW_ROWS_MIN_COLS = 256
 FEW_ROWS_MAX_DEPTH = 1024
 
-ONEDNN_MIN_MACS = 1 << 20  # smaller products pay more in oneDNN's per-call cost than they gain
+ONEDNN_MIN_MACS = 1 << 20  # smaller products pay more in oneDNN's per-call cost than they gain ("auto": see
+# runtime/cache.onednn_auto_min_macs)
 
 
 def _onednn_mm(a: TensorBox, b: TensorBox) -> bool:
@@ -144,9 +145,9 @@ def _onednn_mm(a: TensorBox, b: TensorBox) -> bool:
     ``onednn_gemm_pays_off``): float32 on CPU with C++ kernels, a static non-zero output width, a reduced width
     that is symbolic (a weight gradient's batch, checked at run time: oneDNN rejects an
     empty reduction) or a non-zero integer, at least ``ONEDNN_MIN_MACS`` multiply-adds at the
-    size hints."""
+    size hints (under "auto", ``onednn_auto_min_macs``)."""
     from minductor import config
-    from minductor.runtime.cache import onednn_gemm_pays_off
+    from minductor.runtime.cache import onednn_auto_min_macs, onednn_gemm_pays_off
 
     if config.cpu_gemm == "mkl" or (config.cpu_gemm == "auto" and not onednn_gemm_pays_off()):
         return False
@@ -161,7 +162,8 @@ def _onednn_mm(a: TensorBox, b: TensorBox) -> bool:
     m, k, n = (sympy.sympify(e) for e in (*a.get_size(), b.get_size()[1]))
     if not (n.is_Integer and int(n) > 0 and (not k.is_number or (k.is_Integer and int(k) > 0))):
         return False
-    return V.graph.sizevars.hint(m) * V.graph.sizevars.hint(k) * int(n) >= ONEDNN_MIN_MACS
+    least = onednn_auto_min_macs() if config.cpu_gemm == "auto" else ONEDNN_MIN_MACS
+    return V.graph.sizevars.hint(m) * V.graph.sizevars.hint(k) * int(n) >= least
 
 
 def extern_alloc(op: Any, *args: Any) -> TensorBox:

@@ -31,6 +31,17 @@ def assert_size_stride(t: torch.Tensor, size: Sequence[int | None], stride: Sequ
         )
 
 
+def dumped_constants(module_file: str) -> dict[str, torch.Tensor]:
+    """The tensors a graph holds, saved by the debug dump beside its ``output_code.py``
+    (``runtime/loader.py``): what the module reads when it runs on its own."""
+    from pathlib import Path
+
+    from minductor.runtime.loader import DUMPED_CONSTANTS
+
+    path = Path(module_file).parent / DUMPED_CONSTANTS
+    return torch.load(path) if path.exists() else {}
+
+
 def restride(t: torch.Tensor, size: Sequence[int], stride: Sequence[int]) -> torch.Tensor:
     """An aten fallback's result laid out as the compiled graph assumed: ``t`` itself when its
     strides are those (dims of extent 0 or 1 aside), else a copy with them. Such an op's

@@ -9,6 +9,9 @@ import linecache
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
+DUMPED_CONSTANTS = "constants.pt"
 _module_counter = itertools.count()
 
 
@@ -25,6 +28,9 @@ def load_wrapper(module: WrapperModule, dump: Any) -> Callable[[list[Any]], Any]
         path = dump.write("output_code.py", module.source)
         for kernel in module.kernels:
             dump.write(f"{kernel.name}{kernel.file_suffix}", kernel.source)
+        tensors = {k: v for k, v in module.constants.items() if isinstance(v, torch.Tensor)}
+        if tensors:  # what output_code.py reads when it runs on its own (helpers.dumped_constants)
+            torch.save(tensors, path.parent / DUMPED_CONSTANTS)
         filename = str(path)
     else:
         filename = f"<minductor output_code {next(_module_counter)}>"
