@@ -54,6 +54,40 @@ def test_dumped_wrapper_runs_standalone(tmp_path) -> None:
     assert "ms per call" in proc.stdout
 
 
+class _Relative(torch.nn.Module):
+    """A bias gathered through an index tensor created in ``forward`` (Dynamo lifts it into the
+    graph as a tensor constant, as Swin's relative position index)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(7, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4], [2, 3, 4, 5], [3, 4, 5, 6]])
+        return (x + self.table[index].permute(2, 0, 1)).softmax(-1)
+
+
+def test_a_dump_holding_tensor_constants_runs_standalone_and_under_the_runner(tmp_path) -> None:
+    """The tensors a graph holds are saved beside output_code.py (constants.pt): the module runs
+    on its own and under ``--dump`` (both failed on None constants)."""
+    import subprocess
+    import sys
+
+    from minductor import config
+
+    with config.patch(debug=True, debug_dir=str(tmp_path)), torch.no_grad():
+        module = _Relative()
+        x = torch.randn(2, 3, 4, 4)
+        torch.testing.assert_close(torch.compile(module, backend="minductor")(x), module(x))
+    code = next(tmp_path.glob("graph_*/output_code.py"))
+    assert (code.parent / "constants.pt").exists() and "_tensor_constant0" in code.read_text()
+    proc = subprocess.run([sys.executable, str(code)], capture_output=True, text=True, timeout=300)  # noqa: PLW1510
+    assert proc.returncode == 0 and "ms per call" in proc.stdout, proc.stderr[-3000:]
+    proc = subprocess.run([sys.executable, "-m", "minductor.bench", "--dump", str(tmp_path), "--min-run-time", "0.05"],  # noqa: PLW1510
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "whole graph" in proc.stdout, proc.stderr[-3000:]
+
+
 def test_kernel_bytes_follow_the_signature() -> None:
     """y = f(x) moves 2 x size (one read, one write); a kernel storing over the input it read
     (in_out_ptr) moves 2 x size too, all of it read and written; % of bandwidth is GB/s over it."""
