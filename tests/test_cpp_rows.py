@@ -167,3 +167,27 @@ def test_a_consumer_of_other_inner_ranges_shares_the_row_only_within_it(name: st
     fn, shared = fns[name]
     code = compiled(fn, x, tmp_path=tmp_path)
     assert ("one row of it" in code) == shared, code
+
+
+def test_a_costly_value_broadcast_many_times_is_computed_once(tmp_path) -> None:
+    """A relative-position bias gathered from its table and added to every window's scores
+    (Swin) is gathered once into a buffer, not again at each of the 64 windows: one kernel
+    gathers (49 x 49 x 8 elements), the softmax's kernel reads the buffer; results match
+    eager. A bias used once per element (no repeat) stays inlined."""
+    from minductor import config
+
+    def fn(s: torch.Tensor, t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return (s + t[i].permute(2, 0, 1)).softmax(-1)
+
+    s, t, i = torch.randn(64, 8, 49, 49), torch.randn(169, 8), torch.randint(0, 169, (49, 49))
+    with config.patch(debug=True, debug_dir=str(tmp_path / "repeat")), torch.no_grad():
+        torch.testing.assert_close(torch.compile(fn, backend="minductor")(s, t, i), fn(s, t, i))
+    sources = [p.read_text() for p in (tmp_path / "repeat").glob("graph_*/cpp_*.cpp")]
+    gathering = [src for src in sources if "static_cast<uint64_t>" in src]  # (an index's bounds check)
+    assert len(sources) == 2 and len(gathering) == 1 and "mi_exp(" not in gathering[0], sources
+    torch._dynamo.reset()
+    with config.patch(debug=True, debug_dir=str(tmp_path / "once")), torch.no_grad():
+        s1 = torch.randn(1, 8, 49, 49)
+        torch.testing.assert_close(torch.compile(fn, backend="minductor")(s1, t, i), fn(s1, t, i))
+    (source,) = [p.read_text() for p in (tmp_path / "once").glob("graph_*/cpp_*.cpp")]
+    assert "mi_exp(" in source and "static_cast<uint64_t>" in source

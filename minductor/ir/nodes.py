@@ -86,6 +86,13 @@ class Loops(IRNode):
     def _run_for_count(self) -> None:
         self.inner_fn(make_vars("i", len(self.ranges)))
 
+    def gathers(self) -> bool:
+        """Whether the body loads through a computed index (inlined producers included)."""
+        counter = _CountingHandler()
+        with V.set_ops(counter):
+            self._run_for_count()
+        return counter.indirect > 0
+
 
 @dataclasses.dataclass(eq=False)
 class Pointwise(Loops):
@@ -171,6 +178,7 @@ class _CountingHandler(DefaultHandler):
         self.all_ops = 0
         self.loads = 0
         self.transcendental = 0
+        self.indirect = 0  # loads through a computed index
         self._values: dict[Any, _Counted] = {}
 
     def _value(self, key: Any, data: bool) -> tuple[_Counted, bool]:
@@ -199,6 +207,7 @@ class _CountingHandler(DefaultHandler):
         return value
 
     def indirect_indexing(self, x: Any, size: Expr, check: bool = True, wrap: bool = True) -> Expr:
+        self.indirect += 1
         return sympy.Symbol(f"mi_count{x.id}" if isinstance(x, _Counted) else "mi_count", integer=True)
 
     def masked(self, mask: Any, body: Callable[[], Any], other: Any) -> Any:
