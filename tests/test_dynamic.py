@@ -550,3 +550,19 @@ def test_a_symbolic_negative_start_counts_from_the_end() -> None:
     for t in (5, 9, 16):
         bias, q = torch.randn(2, 2 * t, 3 * t), torch.randn(2, t, t)
         torch.testing.assert_close(compiled(bias, q), fn(bias, q))
+
+
+def test_a_pad_to_a_multiple_of_a_window_has_symbolic_widths() -> None:
+    """``F.pad(x, (0, (w - t % w) % w))`` with ``t`` a dynamic size (Longformer and Mamba2 pad
+    the sequence to a multiple of their attention window / chunk): the widths are symbolic. The
+    lowering converted them to ints and failed; a negative width still crops."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        padded = F.pad(x, (0, 0, 0, (8 - t % 8) % 8), value=-1.0)
+        return padded.view(x.shape[0], -1, 8, x.shape[2]).sum(2) + F.pad(x, (1, -(t // 4)))[:, :, :4].sum(2, keepdim=True)[:, :1]
+
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for t in (13, 16, 21):
+        x = torch.randn(2, t, 6)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert not metrics.fallback_ops

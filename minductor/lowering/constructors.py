@@ -300,11 +300,12 @@ def constant_pad_nd(x: TensorBox, pad: Sequence[int], value: Any = 0) -> TensorB
     size = list(x.get_size())
     if len(pad) % 2 or len(pad) // 2 > len(size):
         raise Unsupported(f"constant_pad_nd with pad {list(pad)} for a {len(size)}-d input")
-    lows: dict[int, int] = {}
+    lows: dict[int, Expr] = {}
     out_size = list(size)
     for k in range(len(pad) // 2):
         d = len(size) - 1 - k
-        lo, hi = int(pad[2 * k]), int(pad[2 * k + 1])
+        # (symbolic under dynamic shapes: Longformer pads its sequence to a multiple of its window)
+        lo, hi = sympy.sympify(pad[2 * k]), sympy.sympify(pad[2 * k + 1])
         lows[d] = lo
         out_size[d] = size[d] + lo + hi
     dtype = x.get_dtype()
