@@ -322,3 +322,30 @@ def test_min_cut_partitioner_saves_fewer_activations(monkeypatch: pytest.MonkeyP
                                    decompositions=backend.decomposition_table(), partition_fn=default_partition)
     torch.compile(fn, backend=default_backend)(x, w).backward()
     assert saved["min_cut"] < saved["default"], saved
+
+
+def test_an_output_aliasing_a_reused_buffer_can_be_modified_in_place_after_a_graph_break() -> None:
+    """A forward graph's output that is a reshaped alias of one of its buffers (a linear's
+    product viewed as (batch, time, width) and copied, as a dropout of probability 0 does: the
+    copy is the product's buffer reused) is modified in place after a graph break, as Hubert
+    masks its features (``h[mask] = embed``). The alias was an autograd view created inside
+    the graph's autograd Function: the assignment failed."""
+    class Masked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj, self.embed = nn.Linear(16, 24), nn.Parameter(torch.randn(24))
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            h = self.proj(x.reshape(-1, 16)).view(x.shape[0], x.shape[1], 24).clone()
+            torch._dynamo.graph_break()
+            h[mask] = self.embed.to(h.dtype)
+            return h.relu().sum(2)
+
+    torch.manual_seed(0)
+    eager = Masked()
+    compiled = copy.deepcopy(eager)
+    x, mask = torch.randn(2, 7, 16), torch.rand(2, 7) < 0.4
+    torch.compile(compiled, backend="minductor")(x, mask).square().sum().backward()
+    eager(x, mask).square().sum().backward()
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.grad, a.grad)

@@ -5,6 +5,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._C._dynamo.guards import _reinterpret_tensor
 from torch._C._dynamo.guards import assert_size_stride as _cpp_assert_size_stride
 
 
@@ -54,8 +55,13 @@ def restride(t: torch.Tensor, size: Sequence[int], stride: Sequence[int]) -> tor
 
 
 def reinterpret_tensor(t: torch.Tensor, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
-    """A strided alias of ``t``; ``offset`` counts elements from ``t``'s first element."""
-    return torch.as_strided(t, size, stride, t.storage_offset() + offset)
+    """A strided alias of ``t``; ``offset`` counts elements from ``t``'s first element.
+
+    The alias shares ``t``'s storage without being an autograd view of it (as_strided's
+    would be): a graph output made this way left a forward graph's autograd Function as a
+    view created inside it, which autograd forbids modifying in place (Hubert's masked
+    ``hidden_states[mask] = embed`` after a graph break failed). Cheaper per call, too."""
+    return _reinterpret_tensor(t, size, stride, offset)
 
 
 def mm_onednn(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
