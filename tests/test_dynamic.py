@@ -489,6 +489,24 @@ def test_arange_to_a_symbolic_size_is_int64() -> None:
             torch.testing.assert_close(got, ref, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def test_arange_with_symbolic_bounds_counts_down_and_from_a_symbolic_start() -> None:
+    """XLNet's relative positions ``arange(t, -t, -1.0, dtype=int64)`` over a dynamic length:
+    a negative (or integral float) step fell back to aten, and a symbolic start failed to
+    compile (a symbol printed as a C++ constant)."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        down = torch.arange(t, -t, -1.0, dtype=torch.int64).float()
+        up = torch.arange(-t, t, 1.0, dtype=torch.int64).float()
+        return (x.sum() + down[:, None] * up + torch.arange(2 * t, 0, -3).sum()
+                + torch.arange(t, 3 * t, 2, dtype=torch.float32).sum())
+
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for t in (5, 8, 13):
+        x = torch.randn(2, t)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert not metrics.fallback_ops
+
+
 @pytest.mark.parametrize("name", ["interpolate_nearest", "interpolate_bilinear", "mse_loss", "group_norm"])
 def test_size_arithmetic_in_floats_and_symbolic_fill_values(name: str) -> None:
     """Interpolation by a scale factor sizes its output as ``TruncToInt(1.5*ToFloat(s0))``, which

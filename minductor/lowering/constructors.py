@@ -152,10 +152,12 @@ def arange(*args: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> Tenso
     if all(isinstance(v, int) for v in (start, end, step)):
         length = sympy.Integer(max(0, -(-(end - start) // step)))
     elif any(isinstance(v, sympy.Expr) and not v.is_number for v in (start, end, step)):
-        if not isinstance(step, int) or step <= 0:
-            raise Unsupported("arange with a symbolic bound needs a positive integer step")
-        span = sympy.sympify(end) - sympy.sympify(start)
-        length = span if step == 1 else FloorDiv(span + step - 1, step)
+        if isinstance(step, float) and step.is_integer():
+            step = int(step)  # XLNet: arange(beg, end, -1.0, dtype=int64) over a dynamic length
+        if not isinstance(step, int) or step == 0:
+            raise Unsupported(f"arange with a symbolic bound needs a nonzero integer step, got {step!r}")
+        span, stride = (sympy.sympify(end) - sympy.sympify(start)) * (1 if step > 0 else -1), abs(step)
+        length = span if stride == 1 else FloorDiv(span + stride - 1, stride)
     else:
         import math
 
@@ -164,6 +166,8 @@ def arange(*args: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> Tenso
     compute = torch.float64 if dtype.is_floating_point else torch.int64
 
     def inner_fn(index: Sequence[Expr]) -> Any:
+        if isinstance(start, sympy.Expr) and not start.is_number:  # an integer start and step
+            return ops.to_dtype(ops.index_expr(index[0] * step + start, torch.int64), dtype)
         i = ops.index_expr(index[0], compute)
         value = ops.add(ops.mul(i, ops.constant(step, compute)), ops.constant(start, compute))
         return ops.to_dtype(value, dtype)
