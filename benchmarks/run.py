@@ -30,10 +30,24 @@ def f50(x):
         if i % 5 == 0:
             x = x - x.mean(-1, keepdim=True)
     return x
+def recurrence64(key, value, first, decay):
+    # RWKV's time-mixing loop, unrolled by Dynamo: ~1000 small nodes in one graph
+    num, den, mx, out = torch.zeros(2, 128), torch.zeros(2, 128), torch.full((2, 128), -1e38), torch.zeros_like(key)
+    for t in range(key.shape[1]):
+        k, v = key[:, t], value[:, t]
+        mo = torch.maximum(mx, k + first)
+        e1, e2 = torch.exp(mx - mo), torch.exp(k + first - mo)
+        out[:, t] = (e1 * num + e2 * v) / (e1 * den + e2)
+        ms = torch.maximum(mx + decay, k)
+        e1, e2 = torch.exp(mx + decay - ms), torch.exp(k - ms)
+        num, den, mx = e1 * num + e2 * v, e1 * den + e2, ms
+    return out
 mlp = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU()) for _ in range(4)])
 start = time.perf_counter()
 if case == "mlp_fw_bw":
     torch.compile(mlp, backend=backend)(torch.randn(64, 256)).sum().backward()
+elif case == "recurrence64":
+    torch.compile(recurrence64, backend=backend)(torch.randn(2, 64, 128), torch.randn(2, 64, 128), torch.randn(128), -torch.rand(128))
 else:
     torch.compile({"pointwise3": f3, "ops50": f50}[case], backend=backend)(torch.randn(64, 256))
 print(json.dumps(time.perf_counter() - start))
@@ -72,7 +86,7 @@ def bench_compile(with_inductor: bool) -> None:
     compileall.compile_dir(os.path.dirname(minductor.__file__), quiet=1)  # as pip does at install
     subprocess.run([sys.executable, "-c", "import torch, minductor.graph, torch._inductor.compile_fx"],
                    env=base_env, check=True)  # warm the OS file cache
-    for case in ["pointwise3", "ops50", "mlp_fw_bw"]:
+    for case in ["pointwise3", "ops50", "mlp_fw_bw", "recurrence64"]:
         with tempfile.TemporaryDirectory() as root:
             caches = [os.path.join(root, str(i)) for i in range(COLD_RUNS)]
             colds = [child("minductor", case, cache) for cache in caches]  # each in empty caches

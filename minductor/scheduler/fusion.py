@@ -272,7 +272,7 @@ def _transposes(node: SchedulerNode) -> bool:
       column sum of ``dy`` took 281 us; apart, the tiled copy 33 us and the sum 16;
     - group_norm applied to an NCHW input into a channels-last output (for a convolution), fused
       with the per-sample scale and shift it reads (8x64x32x32): 181 us; apart, ~60."""
-    from minductor.codegen.loop_shapes import merge_dims, tile_sizes  # (a cycle at import time)
+    from minductor.codegen.loop_shapes import MIN_TILE_EDGE, MIN_TILE_LONG_EDGE, merge_dims, tile_sizes  # (import cycle)
 
     if node.is_reduction() or node.is_scan():
         return False
@@ -281,6 +281,11 @@ def _transposes(node: SchedulerNode) -> bool:
     if not writes:
         return False
     ranges = [(v, s) for v, s in writes[0].var_ranges if s != 1]
+    if len(ranges) < 2 or all(d.index == writes[0].index for d in reads):
+        return False  # (cheap answers first: the rest costs ~2 ms a node in SymPy)
+    numel = sympy.Mul(*(s for _, s in ranges))
+    if numel.is_Integer and int(numel) < MIN_TILE_EDGE * MIN_TILE_LONG_EDGE:
+        return False  # too small for tiles along any two of its dims
     dims = merge_dims([v for v, _ in ranges], [s for _, s in ranges], [d.index for d in writes + reads], "t")
     size = dict(zip(dims.variables, dims.sizes))
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,22 +116,37 @@ class FusedGroup:
     nodes: list[SchedulerNode]
     outer: list[Expr]
 
-    @property
+    @functools.cached_property
     def order(self) -> int:
         return min(n.order for n in self.nodes)
 
     def names(self) -> list[str]:
         return [n.node.name for n in self.nodes]
 
+    # (a group's nodes never change: fusing makes a new group. Its name sets are computed once;
+    # fusion asks for them for every candidate pair of every round)
+
     def write_names(self) -> set[str]:
-        return set().union(*(n.write_names() for n in self.nodes))
+        return set(self._writes)
 
     def read_names(self) -> set[str]:
-        own = {n.node.name for n in self.nodes if not n.node.mutates}
-        return set().union(*(n.read_names() for n in self.nodes)) - own
+        return set(self._reads)
 
     def dep_names(self) -> set[str]:
-        return set().union(*(n.deps for n in self.nodes)) - {n.node.name for n in self.nodes}
+        return set(self._deps)
+
+    @functools.cached_property
+    def _writes(self) -> frozenset[str]:
+        return frozenset().union(*(n.write_names() for n in self.nodes))
+
+    @functools.cached_property
+    def _reads(self) -> frozenset[str]:
+        own = {n.node.name for n in self.nodes if not n.node.mutates}
+        return frozenset().union(*(n.read_names() for n in self.nodes)) - own
+
+    @functools.cached_property
+    def _deps(self) -> frozenset[str]:
+        return frozenset().union(*(n.deps for n in self.nodes)) - {n.node.name for n in self.nodes}
 
     def has_mutation(self) -> bool:
         return any(n.node.mutates for n in self.nodes)
