@@ -272,7 +272,12 @@ def _transposes(node: SchedulerNode) -> bool:
       column sum of ``dy`` took 281 us; apart, the tiled copy 33 us and the sum 16;
     - group_norm applied to an NCHW input into a channels-last output (for a convolution), fused
       with the per-sample scale and shift it reads (8x64x32x32): 181 us; apart, ~60."""
-    from minductor.codegen.loop_shapes import MIN_TILE_EDGE, MIN_TILE_LONG_EDGE, merge_dims, tile_sizes  # (import cycle)
+    from minductor.codegen.loop_shapes import (  # (import cycle)
+        MIN_TILE_EDGE,
+        MIN_TILE_LONG_EDGE,
+        merge_dims,
+        tile_sizes,
+    )
 
     if node.is_reduction() or node.is_scan():
         return False
