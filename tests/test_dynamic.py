@@ -584,3 +584,20 @@ def test_a_pad_to_a_multiple_of_a_window_has_symbolic_widths() -> None:
         x = torch.randn(2, t, 6)
         torch.testing.assert_close(compiled(x), fn(x))
     assert not metrics.fallback_ops
+
+
+def test_a_slice_from_the_end_of_a_symbolic_dim_broadcasts_at_its_traced_length() -> None:
+    """``c[:, :, -1:]`` of a dim whose size is symbolic (a padded length split into chunks of
+    32 with ``-1``, as Mamba2's chunked scan does) is one long in the trace; our clamped bounds
+    gave ``Max(0, n - Max(0, n - 1))``, which could not broadcast against ``c`` and the compile
+    failed. The slice takes the length tracing computed."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        x = F.pad(x, (0, 0, 0, (32 - t % 32) % 32))
+        c = x.reshape(x.shape[0], x.shape[1] // 32, -1, x.shape[2]).cumsum(2)
+        return (c - c[:, :, -1:, :]).sum(2) + c[:, :, -1]
+
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for t in (40, 70, 100):
+        x = torch.randn(2, t, 4)
+        torch.testing.assert_close(compiled(x), fn(x))

@@ -25,6 +25,7 @@ from minductor.lowering.registry import (
     register_lowering,
     to_dtype,
 )
+from minductor.sizevars import to_expr
 from minductor.virtualized import V
 
 Expr = sympy.Expr
@@ -206,11 +207,29 @@ def slice_(x: TensorBox, dim: int = 0, start: Any = None, end: Any = None, step:
         raise Unsupported("slice step must be positive")
     size = old[dim]
     start, length = _slice_bounds(size, start, end, step)
+    length = _traced_length(length, dim, aten.slice.Tensor)
     if start == 0 and length == size and step == 1:
         return x
     new = list(old)
     new[dim] = length
     return make_view(x, new, lambda idx: list(idx[:dim]) + [idx[dim] * step + start] + list(idx[dim + 1:]))
+
+
+def _traced_length(length: Expr, dim: int, target: Any) -> Expr:
+    """A symbolic ``length`` along ``dim`` of the node being lowered, as tracing computed it
+    when the node is ``target``: tracing decided (and guarded) the clamps our bounds keep as
+    ``Max``. ``x[..., -1:]`` over a dim of symbolic size ``n`` is 1 there, but
+    ``Max(0, n - Max(0, n - 1))`` here, which cannot broadcast against ``n`` (Mamba2's chunked
+    scan under dynamic shapes failed to compile)."""
+    if length.is_Integer:
+        return length
+    node = getattr(V.graph, "current_node", None)
+    val = node.meta.get("val") if node is not None and node.target is target else None
+    if not isinstance(val, torch.Tensor) or dim >= val.dim():
+        return length
+    traced = to_expr(val.shape[dim])
+    sizevars = V.graph.sizevars
+    return traced if sizevars.hint(traced) == sizevars.hint(length) else length
 
 
 def _slice_bounds(size: Expr, start: Any, end: Any, step: int) -> tuple[Expr, Expr]:
