@@ -204,8 +204,12 @@ class GraphLowering(torch.fx.Interpreter):
         out = realize_input(value)
         if saved and _static_strides(out) is not None:
             return out  # the backward is compiled for the strides we report (output_strides)
-        if isinstance(meta, torch.Tensor) and _dense(meta) and not _same_strides(out, meta):
-            # the user sees eager's strides: when our layout differs, store a copy with them
+        # The user sees eager's strides: when our layout differs, store a copy with them. So does
+        # the backward for a saved tensor of symbolic strides (we report static ones only), even
+        # a strided slice of a wider tensor (Mamba2's transposed convolution output split in
+        # three: the backward's input check failed at the second sequence length).
+        copy = _dense(meta) or (saved and _apart(meta)) if isinstance(meta, torch.Tensor) else False
+        if copy and not _same_strides(out, meta):
             out = _copy_with_strides(out, meta)
         return out
 
@@ -308,6 +312,19 @@ def _adopt_strides(buf: Buffer, meta: torch.Tensor) -> None:
 
 def _dense(t: torch.Tensor) -> bool:
     return t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last) or _non_overlapping_dense(t)
+
+
+def _apart(t: torch.Tensor) -> bool:
+    """Whether no two elements of ``t`` share memory (at the size hints: no guard is added), so a
+    buffer can be laid out with its strides, gaps and all."""
+    hint = V.graph.sizevars.hint
+    dims = sorted((hint(to_expr(st)), hint(to_expr(sz))) for st, sz in zip(t.stride(), t.shape) if hint(to_expr(sz)) != 1)
+    extent = 1
+    for stride, size in dims:
+        if stride < extent:
+            return False
+        extent = stride * size
+    return True
 
 
 def _non_overlapping_dense(t: torch.Tensor) -> bool:

@@ -349,3 +349,35 @@ def test_an_output_aliasing_a_reused_buffer_can_be_modified_in_place_after_a_gra
     eager(x, mask).square().sum().backward()
     for a, b in zip(eager.parameters(), compiled.parameters()):
         torch.testing.assert_close(b.grad, a.grad)
+
+
+def test_a_saved_strided_slice_of_symbolic_size_keeps_the_traced_strides() -> None:
+    """A tensor saved for backward that is a slice of a wider, transposed one (a depthwise
+    convolution's output transposed back and split, as Mamba2's does), under dynamic shapes:
+    its strides are symbolic, so we cannot report ours; the backward was compiled for the
+    traced ones and rejected the forward's output at the second length. It is stored with the
+    traced strides (gaps included)."""
+    class Split(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv1d(288, 288, 4, groups=288, padding=3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            t = x.shape[1]
+            h = F.silu(self.conv(x.transpose(1, 2))[..., :t].transpose(1, 2))
+            a, g = h.split([256, 32], -1)
+            v = a.view(x.shape[0], t, 4, 64)
+            return (v.exp() * v).sum() + g.sum()
+
+    torch.manual_seed(0)
+    eager = Split()
+    compiled_module = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_module, backend="minductor")
+    for t in (64, 96, 200):
+        x = torch.randn(2, t, 288)
+        eager.zero_grad()
+        compiled_module.zero_grad()
+        eager(x).backward()
+        compiled(x).backward()
+        for a, b in zip(eager.parameters(), compiled_module.parameters()):
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-3)
