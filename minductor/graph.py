@@ -360,8 +360,6 @@ def unsupported_reason(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
             return f"input on {x.device} (kernels are generated for CPU and CUDA tensors)"
         if any(_unbacked(s) for s in (*x.shape, *x.stride(), x.storage_offset())):
             return "data-dependent input size"
-        if isinstance(x.storage_offset(), torch.SymInt):
-            return "symbolic storage offset"
     for node in gm.graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):  # noqa: SIM102
             if node.target._schema.is_mutable and node.target is not torch.ops.aten.copy_.default:

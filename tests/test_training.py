@@ -7,6 +7,7 @@ use the same.
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -381,3 +382,34 @@ def test_a_saved_strided_slice_of_symbolic_size_keeps_the_traced_strides() -> No
         compiled(x).backward()
         for a, b in zip(eager.parameters(), compiled_module.parameters()):
             torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-3)
+
+
+def test_a_saved_chunk_at_a_symbolic_offset_is_compiled(caplog: pytest.LogCaptureFixture) -> None:
+    """The second chunk of a split saved for backward under dynamic shapes has a symbolic
+    storage offset; kernels address their inputs from their first element, so the backward
+    compiles (it ran through aten as a whole before) and matches eager."""
+    class Chunks(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(32, 48)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            # channels-major values seen channels-last: the chunk of channels 32.. starts at 32 * t
+            h = (self.proj(x).transpose(1, 2).contiguous() * 1.5).transpose(1, 2).sin()
+            a, g = h.split([32, 16], -1)
+            return (a.exp() * a).sum() + (g * g.sin()).sum()
+
+    torch.manual_seed(0)
+    eager = Chunks()
+    compiled_module = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_module, backend="minductor", dynamic=True)
+    with caplog.at_level(logging.WARNING, logger="minductor"):
+        for t in (24, 40):
+            x = torch.randn(2, t, 32)
+            eager.zero_grad()
+            compiled_module.zero_grad()
+            eager(x).backward()
+            compiled(x).backward()
+            for a, b in zip(eager.parameters(), compiled_module.parameters()):
+                torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-4)
+    assert "through aten" not in caplog.text, caplog.text
