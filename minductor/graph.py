@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import operator
 import time
@@ -45,6 +46,9 @@ class GraphLowering(torch.fx.Interpreter):
         self._input_index = 0
         self.sizevars = SizeVars(example_inputs)
         self.symbol_inputs: dict[str, sympy.Expr] = {}  # SymInt graph inputs, by placeholder name
+        # inputs whose storage offset the kernels depend on (as_strided counts from the storage's
+        # start): a symbol bound from ``x.storage_offset()`` at each call, by placeholder name
+        self.offset_symbols: dict[str, sympy.Symbol] = {}
         self.donated_inputs: frozenset[str] = frozenset()  # a backward's inputs it may write over
         self._lazy_reads: dict[Any, frozenset[str]] = {}  # realize_pending_readers: a lazy body's reads
         self.random_seeds: dict[torch.device, Any] = {}  # lowering/random.py: a seed loader per device
@@ -142,6 +146,19 @@ class GraphLowering(torch.fx.Interpreter):
             return None
         return self.graph_inputs[source.name]
 
+    @functools.cached_property
+    def _offset_hints(self) -> dict[str, sympy.Expr]:
+        return {}
+
+    def input_storage_offset(self, name: str) -> sympy.Expr:
+        """Where input ``name``'s first element sits in its storage, as a symbol the wrapper
+        binds at each call (a cached graph may run on an input sliced elsewhere)."""
+        if name not in self.offset_symbols:
+            symbol = sympy.Symbol(f"mi_offset_{name}", integer=True, nonnegative=True)
+            self.sizevars.var_to_val[symbol] = sympy.Integer(self.sizevars.hint(self._offset_hints[name]))
+            self.offset_symbols[name] = symbol
+        return self.offset_symbols[name]
+
     def run_node(self, n: torch.fx.Node) -> Any:
         self.current_node = n
         result = super().run_node(n)
@@ -164,6 +181,7 @@ class GraphLowering(torch.fx.Interpreter):
                              tuple(to_expr(s) for s in example.stride()))
         buf = InputBuffer(name=name, layout=layout)
         self.graph_inputs[name] = buf
+        self._offset_hints[name] = to_expr(example.storage_offset())
         if getattr(self, "kind", "") == "backward" and name.startswith("tangents"):
             return tangent_in_saved_layout(TensorBox(StorageBox(buf)), example, self.example_inputs)
         return TensorBox(StorageBox(buf))

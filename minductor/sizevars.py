@@ -16,6 +16,15 @@ import torch
 from minductor.ir.indexing import index_symbol
 
 SIZE_SYMBOL = re.compile(r"^[su]\d+$")
+# symbols a kernel takes as int64 arguments: Dynamo's sizes, and graph inputs' storage offsets
+# where as_strided counts from them (graph.input_storage_offset)
+KERNEL_SYMBOL = re.compile(r"\b(?:[su]\d+|mi_offset_\w+)\b")
+
+
+def kernel_symbols(text: str) -> list[str]:
+    """The symbols a kernel's source names, in a stable order (its size arguments)."""
+    return sorted(set(KERNEL_SYMBOL.findall(text)),
+                  key=lambda s: (0, s[0], int(s[1:])) if SIZE_SYMBOL.match(s) else (1, s, 0))
 
 
 def to_expr(value: Any) -> sympy.Expr:

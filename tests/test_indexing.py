@@ -221,3 +221,21 @@ def test_max_embedding_bags_of_one_size_are_a_fused_reduction() -> None:
         metrics.reset()
         torch.testing.assert_close(compiled(fn)(*args), fn(*args))
         assert metrics.fallback_ops["aten._embedding_bag_forward_only"] == 1, dict(metrics.fallback_ops)
+
+
+def test_as_strided_counts_its_offset_from_the_inputs_storage(cpu_backend: str) -> None:
+    """``as_strided(x, size, stride, offset)`` addresses ``x``'s storage from its start, while
+    kernels address an input from its first element: an input sliced at offset 5 was read 5
+    elements too far. The input's offset is bound at each call, so a graph compiled for one
+    offset (or served from a cache) is right for another, static or dynamic."""
+    base = torch.arange(40.0)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.as_strided(x, (2, 3), (1, 2), 3) * 2 + x[:1]
+
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="minductor", dynamic=dynamic)
+        for start in (5, 0, 7):
+            x = base[start:start + 10 + start]
+            torch.testing.assert_close(compiled(x), fn(x))

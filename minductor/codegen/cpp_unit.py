@@ -12,6 +12,7 @@ from minductor.codegen.cpp_f16c import convert_halves_in_blocks
 from minductor.codegen.cpp_rewrites import only_cheap_calls
 from minductor.codegen.cpp_split_rows import THREADS_LINE
 from minductor.runtime.cache import narrow_loads_stream_faster, vector_gathers_pay_off
+from minductor.sizevars import kernel_symbols
 from minductor.virtualized import V
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ def render_unit(kernel: CppKernel, code: CodeBuffer) -> str:
         names.append(arg)
     # symbolic sizes (Dynamo's s0, s1...) are passed as int64_t arguments
     text = "\n".join(code.lines + [ln for _, _, block in kernel.helpers for ln in block.lines])
-    kernel.size_args = sorted(set(re.findall(r"\b[su]\d+\b", text)), key=lambda s: (s[0], int(s[1:])))
+    kernel.size_args = kernel_symbols(text)
     params += [f"const int64_t {s}" for s in kernel.size_args]
     names += kernel.size_args
     if kernel.uses_error_flag:

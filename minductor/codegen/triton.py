@@ -30,6 +30,7 @@ from minductor.codegen.triton_ops import TRITON_TYPES, TV, TritonOps, compute_dt
 from minductor.ir.indexing import FloorDiv, ModularIndexing, affine_coeffs, index_symbol, make_vars, simplify_index
 from minductor.scheduler.deps import MemoryDep
 from minductor.scheduler.nodes import FusedGroup
+from minductor.sizevars import kernel_symbols
 from minductor.virtualized import V
 
 Expr = sympy.Expr
@@ -379,7 +380,7 @@ class TritonKernel:
         head.writeline("xmask = xindex < xnumel")
         _decompose(head, "xindex", xvars, outer)
         text = "\n".join(head.lines + body.lines)
-        size_args = sorted(set(re.findall(r"\b[su]\d+\b", text)), key=lambda s: (s[0], int(s[1:])))
+        size_args = kernel_symbols(text)
         buffers = self.args.call_order()
         params = [arg for _, arg, _ in buffers] + size_args + (["mi_err"] if self.uses_error_flag else [])
         blocks = [f"RBLOCK{i}" for i in range(len(loops)) if config.rblocks[i] is not None]

@@ -225,6 +225,9 @@ def _bind_sizes(body: CodeBuffer, graph: Any) -> set[str]:
         if expr.is_Symbol and expr.name not in bound:
             body.writeline(f"{expr.name} = {name}")
             bound.add(expr.name)
+    for name, symbol in getattr(graph, "offset_symbols", {}).items():
+        body.writeline(f"{symbol.name} = {name}.storage_offset()")
+        bound.add(symbol.name)
     for name in graph.graph_input_names:
         buf = graph.graph_inputs.get(name)
         if buf is None:

@@ -279,7 +279,8 @@ class Buffer(IRNode):
 
 @dataclasses.dataclass(eq=False)
 class InputBuffer(Buffer):
-    """A graph input; its layout is the example tensor's."""
+    """A graph input; its layout is the example tensor's, addressed from its first element
+    (kernels get its data pointer)."""
 
 
 @dataclasses.dataclass(eq=False)

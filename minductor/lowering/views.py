@@ -13,7 +13,7 @@ import torch
 
 from minductor.ir.indexing import FloorDiv, ModularIndexing
 from minductor.ir.layout import FixedLayout, as_exprs
-from minductor.ir.nodes import Pointwise, TensorBox
+from minductor.ir.nodes import InputBuffer, Pointwise, TensorBox
 from minductor.ir.ops import ops
 from minductor.ir.views import ReinterpretView, make_view, realize_input
 from minductor.lowering.registry import (
@@ -306,7 +306,10 @@ def as_strided(x: TensorBox, size: Sequence[Any], stride: Sequence[Any], storage
     else:
         buf, offset = base, buf_offset(base)
     if storage_offset is not None:
+        # counted from the start of the storage; an input is addressed from its first element
         offset = sympy.sympify(storage_offset)
+        if isinstance(buf, InputBuffer):
+            offset = offset - V.graph.input_storage_offset(buf.name)
     layout = FixedLayout(buf.get_device(), buf.get_dtype(), tuple(as_exprs(size)), tuple(as_exprs(stride)), offset)
     return TensorBox(ReinterpretView(buf, layout))
 
