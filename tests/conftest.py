@@ -22,6 +22,25 @@ def _fresh_dynamo_and_metrics() -> None:
     metrics.reset()
 
 
+@pytest.fixture
+def on_cpu(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``on_cpu(cache.decision, info)``: one of ``runtime.cache``'s cached per-CPU decisions as it
+    comes out where /proc/cpuinfo reads ``info`` (its cache cleared before and after)."""
+    from minductor.runtime import cache
+
+    asked: list[Any] = []
+
+    def decide(decision: Any, info: dict[str, str]) -> Any:
+        monkeypatch.setattr(cache, "cpu_info", lambda: info)
+        decision.cache_clear()
+        asked.append(decision)
+        return decision()
+
+    yield decide
+    for decision in asked:
+        decision.cache_clear()
+
+
 @pytest.fixture(params=["cpp", "triton"])
 def cpu_backend(request: pytest.FixtureRequest) -> Any:
     """Run a test under both CPU code generators (Triton in its interpreter); a module opts in with

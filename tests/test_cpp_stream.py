@@ -207,12 +207,8 @@ def test_hoisting_skips_bodies_with_lambdas() -> None:
 @pytest.mark.parametrize(("vendor", "family", "flags", "expected"), [
     ("AuthenticAMD", "25", "sse avx2 avx512f", False), ("AuthenticAMD", "25", "sse avx2", True),
     ("AuthenticAMD", "26", "avx2 avx512f", True), ("GenuineIntel", "6", "avx2 avx512f", True)])
-def test_prefetches_beside_streaming_stores_off_on_zen_4(monkeypatch, vendor: str, family: str, flags: str, expected: bool) -> None:
+def test_prefetches_beside_streaming_stores_off_on_zen_4(on_cpu, vendor: str, family: str, flags: str, expected: bool) -> None:
     from minductor.runtime import cache
 
-    monkeypatch.setattr(cache, "cpu_info", lambda: {"vendor_id": vendor, "cpu family": family, "flags": flags})
-    cache.prefetch_beside_streaming_stores.cache_clear()
-    try:
-        assert cache.prefetch_beside_streaming_stores() is expected
-    finally:
-        cache.prefetch_beside_streaming_stores.cache_clear()
+    info = {"vendor_id": vendor, "cpu family": family, "flags": flags}
+    assert on_cpu(cache.prefetch_beside_streaming_stores, info) is expected

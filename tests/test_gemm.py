@@ -107,15 +107,10 @@ def test_mkl_keeps_mm_out_and_the_bias_epilogue(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("vendor, machine, onednn", [("AuthenticAMD", "x86_64", True), ("HygonGenuine", "x86_64", True),
                                                      ("GenuineIntel", "x86_64", False), (None, "aarch64", False)])
-def test_auto_takes_onednn_where_mkl_dispatch_is_slow(monkeypatch: pytest.MonkeyPatch, vendor: str | None,
+def test_auto_takes_onednn_where_mkl_dispatch_is_slow(monkeypatch: pytest.MonkeyPatch, on_cpu: Any, vendor: str | None,
                                                      machine: str, onednn: bool) -> None:
-    monkeypatch.setattr(cache, "cpu_info", lambda: {} if vendor is None else {"vendor_id": vendor})
     monkeypatch.setattr(cache.platform, "machine", lambda: machine)
-    cache.onednn_gemm_pays_off.cache_clear()
-    try:
-        assert cache.onednn_gemm_pays_off() is onednn
-    finally:
-        cache.onednn_gemm_pays_off.cache_clear()
+    assert on_cpu(cache.onednn_gemm_pays_off, {} if vendor is None else {"vendor_id": vendor}) is onednn
 
 
 def test_unknown_gemm_choice_is_a_clear_error() -> None:
@@ -324,14 +319,9 @@ def test_products_with_more_rows_stay_gemms(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("vendor, family, least", [("AuthenticAMD", "25", 1 << 24), ("AuthenticAMD", "26", 1 << 20),
                                                    ("HygonGenuine", "24", 1 << 20)])
-def test_auto_sends_smaller_products_to_mkl_where_its_path_is_not_slow(monkeypatch: pytest.MonkeyPatch, vendor: str,
-                                                                       family: str, least: int) -> None:
-    monkeypatch.setattr(cache, "cpu_info", lambda: {"vendor_id": vendor, "cpu family": family})
-    cache.onednn_auto_min_macs.cache_clear()
-    try:
-        assert cache.onednn_auto_min_macs() == least
-    finally:
-        cache.onednn_auto_min_macs.cache_clear()
+def test_auto_sends_smaller_products_to_mkl_where_its_path_is_not_slow(on_cpu: Any, vendor: str, family: str,
+                                                                       least: int) -> None:
+    assert on_cpu(cache.onednn_auto_min_macs, {"vendor_id": vendor, "cpu family": family}) == least
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")

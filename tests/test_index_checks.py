@@ -158,14 +158,8 @@ def test_masked_off_lanes_do_not_trip_the_row_check(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("vendor", "family", "flags", "fast"), [
     ("AuthenticAMD", "25", "avx2 avx512f", True), ("AuthenticAMD", "25", "avx2", False), ("AuthenticAMD", "23", "avx2", False),
     ("AuthenticAMD", "26", "avx2 avx512f", True), ("GenuineIntel", "6", "avx2", True)])
-def test_vector_gathers_pay_off_from_zen_4(monkeypatch: pytest.MonkeyPatch, vendor: str, family: str, flags: str,
-                                           fast: bool) -> None:
+def test_vector_gathers_pay_off_from_zen_4(on_cpu: Any, vendor: str, family: str, flags: str, fast: bool) -> None:
     """Zen 1 to Zen 3 keep gather loops scalar; Zen 4 (family 25 with AVX-512) vectorizes them."""
     from minductor.runtime import cache
 
-    monkeypatch.setattr(cache, "cpu_info", lambda: {"vendor_id": vendor, "cpu family": family, "flags": flags})
-    cache.vector_gathers_pay_off.cache_clear()
-    try:
-        assert cache.vector_gathers_pay_off() is fast
-    finally:
-        cache.vector_gathers_pay_off.cache_clear()
+    assert on_cpu(cache.vector_gathers_pay_off, {"vendor_id": vendor, "cpu family": family, "flags": flags}) is fast

@@ -83,11 +83,6 @@ def test_the_pragma_keeps_the_row_sum_off_zmm_registers(tmp_path: Path, narrow_c
 
 @pytest.mark.parametrize(("vendor", "family", "expected"), [("AuthenticAMD", "25", True), ("AuthenticAMD", "26", False),
                                                             ("GenuineIntel", "6", False)])
-def test_only_zen_4_streams_faster_with_narrow_loads(monkeypatch, vendor: str, family: str, expected: bool) -> None:
-    monkeypatch.setattr(cache, "cpu_info", lambda: {"vendor_id": vendor, "cpu family": family})
+def test_only_zen_4_streams_faster_with_narrow_loads(monkeypatch, on_cpu, vendor: str, family: str, expected: bool) -> None:
     monkeypatch.setattr(cache, "avx512_enabled", lambda cxx: True)
-    cache.narrow_loads_stream_faster.cache_clear()
-    try:
-        assert cache.narrow_loads_stream_faster() is expected
-    finally:
-        cache.narrow_loads_stream_faster.cache_clear()
+    assert on_cpu(cache.narrow_loads_stream_faster, {"vendor_id": vendor, "cpu family": family}) is expected
