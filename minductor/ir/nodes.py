@@ -78,20 +78,21 @@ class Loops(IRNode):
     def opcount(self) -> tuple[int, int, int, int]:
         """(ops on loaded data, loads, transcendental ops on loaded data, all ops) executed by
         one evaluation of the body, inlined producers included."""
-        counter = _CountingHandler()
-        with V.set_ops(counter):
-            self._run_for_count()
+        counter = self._count()
         return counter.ops, counter.loads, counter.transcendental, counter.all_ops
-
-    def _run_for_count(self) -> None:
-        self.inner_fn(make_vars("i", len(self.ranges)))
 
     def gathers(self) -> bool:
         """Whether the body loads through a computed index (inlined producers included)."""
+        return self._count().indirect > 0
+
+    def _count(self) -> _CountingHandler:
         counter = _CountingHandler()
         with V.set_ops(counter):
             self._run_for_count()
-        return counter.indirect > 0
+        return counter
+
+    def _run_for_count(self) -> None:
+        self.inner_fn(make_vars("i", len(self.ranges)))
 
 
 @dataclasses.dataclass(eq=False)
