@@ -102,6 +102,14 @@ class SizeVars:
         shifted = expr.xreplace({s: t + lo for s, (t, lo) in over.items()})  # Max/Min evaluate here
         return sympy.expand(shifted.xreplace({t: s - lo for s, (t, lo) in over.items()}))
 
+    def provably_nonnegative(self, expr: Any) -> bool:
+        """Whether ``expr`` is >= 0 for every size its symbols may take (their lower bounds
+        kept); False when SymPy cannot tell. For choices that must hold at every size, such as
+        leaving out a bounds check."""
+        expr = sympy.sympify(expr)
+        over = {s: index_symbol(f"{s.name}_over") + self.lower.get(s, 0) for s in size_symbols(expr)}
+        return bool(sympy.expand(expr.xreplace(over)).is_nonnegative)
+
     def hint(self, expr: Any) -> int:
         expr = sympy.sympify(expr).xreplace(self.var_to_val)
         if not expr.is_number:

@@ -223,6 +223,85 @@ def test_adaptive_pool_1d_3d_half() -> None:
     check(lambda t: F.adaptive_avg_pool2d(t, 3), image(2, 3, 9, 9, dtype=torch.float16))
 
 
+def check_dynamic(fn: Callable[..., Any], shapes: list[tuple[int, ...]], *, exact: bool = True,
+                  backward: bool = True) -> None:
+    """Compiled once with symbolic sizes, run at each shape: forward (and backward) match eager,
+    with no aten fallback and no second graph per direction."""
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    tol = EXACT if exact else {}
+    for shape in shapes:
+        x = image(*shape)
+        xa, xb = x.clone().requires_grad_(backward), x.clone().requires_grad_(backward)
+        out, ref = compiled(xa), fn(xb)
+        torch.testing.assert_close(out, ref, equal_nan=True, **tol)
+        if backward:
+            grad = torch.randn_like(out[0] if isinstance(out, tuple) else out)
+            (out[0] if isinstance(out, tuple) else out).backward(grad)
+            (ref[0] if isinstance(ref, tuple) else ref).backward(grad)
+            torch.testing.assert_close(xa.grad, xb.grad, equal_nan=True, **tol)
+    assert not metrics.fallback_ops, metrics.fallback_ops
+    assert metrics.graphs_compiled == 1 + backward, metrics.graphs_compiled
+
+
+# spatial sizes of one symbolic graph: odd and even, each ceil_mode case's last window falling
+# inside and past the input (within what one trace guards)
+DYNAMIC_SHAPES = [(2, 3, 9, 10), (3, 2, 12, 7), (2, 3, 17, 23)]
+
+
+@pytest.mark.parametrize("case", sorted(MAX_POOL))
+def test_max_pool_over_symbolic_sizes(case: str) -> None:
+    k, s, p, d, c = MAX_POOL[case]
+    check_dynamic(lambda t: F.max_pool2d(t, k, s, p, d, ceil_mode=c, return_indices=True), DYNAMIC_SHAPES)
+
+
+@pytest.mark.parametrize("case", sorted(AVG_POOL))
+def test_avg_pool_over_symbolic_sizes(case: str) -> None:
+    k, s, p, c, cip, div = AVG_POOL[case]
+    check_dynamic(lambda t: F.avg_pool2d(t, k, s, p, c, cip, div), DYNAMIC_SHAPES)
+
+
+@pytest.mark.parametrize("out", [(1, 1), (2, 1), (3, 5), 7], ids=str)
+def test_adaptive_pools_over_symbolic_sizes(out: Any) -> None:
+    """Windows of symbolic extent are Reductions (masked past a window's end unless one window
+    covers the dim). A backward needs each input's outputs bounded at every size: with 2
+    outputs the input is at least as large (Dynamo's sizes are >= 2), with 3 or more it may not
+    be, and that backward is aten's (checked below). Output sizes of a module stay numbers."""
+    shapes = [(2, 3, 9, 10), (3, 2, 12, 17), (2, 3, 23, 8)]
+    backward = out in [(1, 1), (2, 1)]
+    check_dynamic(torch.nn.AdaptiveAvgPool2d(out), shapes, exact=False, backward=backward)
+    torch._dynamo.reset()
+    metrics.reset()
+    check_dynamic(torch.nn.AdaptiveMaxPool2d(out, return_indices=True), shapes, backward=backward)
+
+
+@pytest.mark.parametrize("pool", ["avg", "max"])
+def test_adaptive_pools_to_symbolic_sizes(pool: str) -> None:
+    """An output size Dynamo made symbolic (a closure's int under dynamic=True) lowers too; the
+    backward, with no bound on the outputs holding an input, is aten's."""
+    fn = {"avg": F.adaptive_avg_pool2d, "max": F.adaptive_max_pool2d}[pool]
+    compiled = torch.compile(lambda t, size: fn(t, size), backend="minductor", dynamic=True)
+    for shape, size in [((2, 3, 9, 10), (3, 5)), ((3, 2, 12, 7), (4, 9)), ((2, 3, 5, 6), (7, 2))]:
+        x = image(*shape).requires_grad_()
+        ref = image(*shape).requires_grad_()
+        out, expected = compiled(x, size), fn(ref, size)
+        torch.testing.assert_close(out, expected)
+        out.backward(torch.ones_like(out))
+        expected.backward(torch.ones_like(out))
+        torch.testing.assert_close(x.grad, ref.grad)
+    assert set(metrics.fallback_ops) == {f"aten.{'_' if pool == 'avg' else ''}adaptive_{pool}_pool2d_backward"}, \
+        metrics.fallback_ops
+
+
+def test_pools_3d_over_symbolic_sizes() -> None:
+    """(max_pool1d without indices specializes its length while Dynamo traces it.)"""
+    check_dynamic(lambda t: F.max_pool3d(t, 3, 2, 1, ceil_mode=True, return_indices=True),
+                  [(2, 3, 5, 6, 7), (3, 2, 6, 9, 4)])
+    torch._dynamo.reset()
+    metrics.reset()
+    check_dynamic(lambda t: F.avg_pool3d(t, 2, 2, 1, ceil_mode=True, count_include_pad=False),
+                  [(2, 3, 5, 6, 7), (3, 2, 7, 8, 5)])  # (ceil_mode's last window: by parity here)
+
+
 @pytest.mark.parametrize("mode", ["reflect", "replicate"])
 def test_reflection_replication_pad(mode: str) -> None:
     exact_grad = True  # both backwards sum in eager's order

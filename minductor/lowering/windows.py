@@ -11,7 +11,10 @@ Backward ops are gathers: each input position visits the few output windows that
 contain it, in increasing output order, the order in which eager's loops scatter into it,
 so the sums round the same way.
 
-All ops handle any number of spatial dims (1-d to 3-d pools) over any leading dims.
+All ops handle any number of spatial dims (1-d to 3-d pools) over any leading dims, and
+symbolic spatial sizes (dynamic shapes): a choice that depends on a size (leaving out a bounds
+check, clamping, a constant divisor) is taken only when it holds at every size (``_always``);
+the window itself stays a number of positions, or a Reduction over a symbolic one.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from minductor.ir.indexing import FloorDiv
 from minductor.ir.nodes import Pointwise, Reduction, TensorBox
 from minductor.ir.ops import ops
 from minductor.lowering.registry import Unsupported, aten, common_layout_hint, origins_of, register_lowering
+from minductor.virtualized import V
 
 Expr = sympy.Expr
 I64 = torch.int64
@@ -50,21 +54,39 @@ def _ints(value: Any, n: int, default: Sequence[int] | None = None) -> list[int]
     return value * n if len(value) == 1 else value
 
 
-def _spatial(x: TensorBox, n: int, op: str) -> list[int]:
+def _spatial(x: TensorBox, n: int, op: str) -> list[Expr]:
     size = x.get_size()
-    if len(size) < n + 1 or not all(s.is_Integer for s in size[-n:]):
-        raise Unsupported(f"{op}: needs static spatial sizes, got {list(size)}")
-    return [int(s) for s in size[-n:]]
+    if len(size) < n + 1:
+        raise Unsupported(f"{op}: needs a leading dim and {n} spatial dims, got {list(size)}")
+    return list(size[-n:])
+
+
+def _always(expr: Expr | int) -> bool:
+    """Whether ``expr`` (over sizes) is >= 0 at every size, not only at this graph's."""
+    expr = sympy.sympify(expr)
+    return bool(expr >= 0) if expr.is_number else V.graph.sizevars.provably_nonnegative(expr)
+
+
+def _at_hint(expr: Expr | int) -> bool:
+    """Whether ``expr`` >= 0 at this graph's sizes: for a branch tracing took, and guarded,
+    on the same sizes (ceil_mode's last-window rule in the output size)."""
+    expr = sympy.sympify(expr)
+    return bool(expr >= 0) if expr.is_number else V.graph.sizevars.hint(expr) >= 0
+
+
+def _unrolls(kernel: Sequence[Expr | int]) -> bool:
+    """Whether a window of these extents is unrolled: a number of positions, at most MAX_UNROLL."""
+    return all(sympy.sympify(k).is_Integer for k in kernel) and math.prod(int(k) for k in kernel) <= MAX_UNROLL
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+def _pool_out(size: Expr, k: int, s: int, p: int, d: int, ceil_mode: bool) -> Expr:
     """Output length of a pooling window sweep, as ATen's pooling_output_shape."""
-    out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
-    if ceil_mode and (out - 1) * s >= size + p:
+    out = FloorDiv(size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0), s) + 1
+    if ceil_mode and _at_hint((out - 1) * s - size - p):
         out -= 1
     return out
 
@@ -86,7 +108,7 @@ def _in_range(pos: Expr, lo: Expr | int, hi: Expr | int, check_lo: bool = True, 
     return mask
 
 
-def _flat(pos: Sequence[Expr], sizes: Sequence[int]) -> Expr:
+def _flat(pos: Sequence[Expr], sizes: Sequence[Expr]) -> Expr:
     flat: Expr = sympy.Integer(0)
     for p, s in zip(pos, sizes):
         flat = flat * s + p
@@ -116,12 +138,12 @@ def _bind(load: Callable[[Sequence[Expr]], Any], index: Sequence[Expr]) -> Calla
 class _Sweep:
     """A strided, dilated, padded window sweep over the last ``n`` dims."""
 
-    def __init__(self, in_sizes: list[int], kernel: list[int], stride: list[int], padding: list[int],
+    def __init__(self, in_sizes: list[Expr], kernel: list[int], stride: list[int], padding: list[int],
                  dilation: list[int], ceil_mode: bool) -> None:
         self.n = len(in_sizes)
         self.in_sizes, self.kernel, self.stride, self.padding, self.dilation = in_sizes, kernel, stride, padding, dilation
         self.out_sizes = [_pool_out(*args, ceil_mode) for args in zip(in_sizes, kernel, stride, padding, dilation)]
-        if any(o <= 0 for o in self.out_sizes):
+        if any(not _at_hint(o - 1) for o in self.out_sizes):
             raise Unsupported(f"pooling with an empty output {self.out_sizes}")
 
     def position(self, dim: int, out: Expr, k: int | Expr) -> tuple[Expr, bool, bool]:
@@ -130,7 +152,7 @@ class _Sweep:
         d, p = self.dilation[dim], self.padding[dim]
         k_lo, k_hi = (k, k) if isinstance(k, int) else (0, self.kernel[dim] - 1)
         last = (self.out_sizes[dim] - 1) * self.stride[dim] + k_hi * d - p
-        return out * self.stride[dim] + k * d - p, k_lo * d - p < 0, last >= self.in_sizes[dim]
+        return out * self.stride[dim] + k * d - p, k_lo * d - p < 0, not _always(self.in_sizes[dim] - 1 - last)
 
 
 def _max_window(x: TensorBox, n: int, kernel: list[int], in_sizes: list[int], position: Position,
@@ -195,7 +217,7 @@ def _max_pool(x: TensorBox, kernel_size: Any, stride: Any, padding: Any, dilatio
     sweep = _Sweep(_spatial(x, n, name), kernel, _ints(stride, n, kernel), _ints(padding, n), _ints(dilation, n), ceil_mode)
     if math.prod(kernel) > MAX_UNROLL:
         raise Unsupported(f"{name}: window {kernel} larger than {MAX_UNROLL} positions")
-    size = list(x.get_size()[:-n]) + [sympy.Integer(o) for o in sweep.out_sizes]
+    size = list(x.get_size()[:-n]) + sweep.out_sizes
     position = _sweep_position(sweep)
     values = _pointwise(x, x.get_dtype(), _max_window(x, n, kernel, sweep.in_sizes, position, False), size, name)
     indices = _pointwise(x, I64, _max_window(x, n, kernel, sweep.in_sizes, position, True), size, name)
@@ -215,8 +237,10 @@ def max_pool3d_with_indices(x: TensorBox, kernel_size: Any, stride: Any = (), pa
 
 
 def _sweep_candidates(sweep: _Sweep, reach: list[int]) -> list[int]:
-    """Per dim, how many outputs' windows (``reach`` positions long) can hold one input."""
-    return [min(o, -(-r // s)) for o, r, s in zip(sweep.out_sizes, reach, sweep.stride)]
+    """Per dim, how many outputs' windows (``reach`` positions long) can hold one input (at
+    most the outputs there are, when that is a number: masks drop the rest)."""
+    return [min(int(o), -(-r // s)) if o.is_Integer else -(-r // s)
+            for o, r, s in zip(sweep.out_sizes, reach, sweep.stride)]
 
 
 def _sweep_candidate(sweep: _Sweep, dim: int, pos: Expr, j: int) -> tuple[Expr, bool, bool]:
@@ -225,7 +249,7 @@ def _sweep_candidate(sweep: _Sweep, dim: int, pos: Expr, j: int) -> tuple[Expr, 
     below 0, and whether ``top`` was clamped."""
     s, p, out = sweep.stride[dim], sweep.padding[dim], sweep.out_sizes[dim]
     top = FloorDiv(pos + p, s)
-    clamped = (sweep.in_sizes[dim] - 1 + p) // s >= out
+    clamped = not _always(out - 1 - FloorDiv(sweep.in_sizes[dim] - 1 + p, s))
     if clamped:
         top = sympy.Min(top, out - 1)
     return top - j, j > 0, clamped
@@ -311,11 +335,11 @@ def _avg_divisor(sweep: _Sweep, out: Sequence[Expr], count_include_pad: bool, di
         start = out[dim] * s - p
         last_end = (sweep.out_sizes[dim] - 1) * s - p + k
         if count_include_pad:
-            if last_end <= size + p:
+            if _always(size + p - last_end):
                 const *= k
             else:
                 extents.append(sympy.Min(start + k, size + p) - start)
-        elif p == 0 and last_end <= size:
+        elif p == 0 and _always(size - last_end):
             const *= k
         else:
             extents.append(sympy.Min(start + k, size) - sympy.Max(start, 0))
@@ -363,7 +387,7 @@ def _window_sum(x: TensorBox, n: int, kernel: list[int], position: Position,
     def element(index: Sequence[Expr], ks: Sequence[Any]) -> Any:
         return _window_load(load, position, index[:-n], index[-n:], ks)
 
-    if math.prod(kernel) <= MAX_UNROLL:
+    if _unrolls(kernel):
         return lambda index: _sum(compute, (element(index, ks) for ks in itertools.product(*map(range, kernel))))
 
     if _separates(x, n, size):
@@ -373,16 +397,16 @@ def _window_sum(x: TensorBox, n: int, kernel: list[int], position: Position,
     # a 2-D reduction each short row's lanes stay in memory across rows behind a per-row mask
     # (8x64x128x128 -> 7x7: 20x20 windows 2.9 ms; unrolled rows: see the issue note)
     lead_kernel = kernel[:-1]
-    if math.prod(lead_kernel) <= MAX_UNROLL:
+    if _unrolls(lead_kernel):
         def reduced(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
             return _sum(compute, (element(index, [*ks, rindex[0]]) for ks in itertools.product(*map(range, lead_kernel))))
 
-        ranges = [sympy.Integer(kernel[-1])]
+        ranges = [sympy.sympify(kernel[-1])]
     else:
         def reduced(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
             return element(index, list(rindex))
 
-        ranges = [sympy.Integer(k) for k in kernel]
+        ranges = [sympy.sympify(k) for k in kernel]
     node = TensorBox.create(Reduction(x.get_device(), compute, reduced, list(size), origins=x.origins | {name},
                                       src_dtype=compute, reduction_ranges=ranges, reduction_type="sum"))
     node.realize()
@@ -451,7 +475,7 @@ def _avg_pool(x: TensorBox, kernel_size: Any, stride: Any, padding: Any, ceil_mo
               divisor_override: int | None, n: int, name: str) -> TensorBox:
     sweep = _avg_pool_args(x, kernel_size, stride, padding, ceil_mode, n, name)
     compute = _compute_dtype(x.get_dtype())
-    size = list(x.get_size()[:-n]) + [sympy.Integer(o) for o in sweep.out_sizes]
+    size = list(x.get_size()[:-n]) + sweep.out_sizes
 
     total = _window_sum(x, n, sweep.kernel, _sweep_position(sweep), size, compute, name)
 
@@ -514,37 +538,52 @@ def avg_pool3d_backward(grad: TensorBox, x: TensorBox, kernel_size: Any, stride:
 
 
 class _Adaptive:
-    def __init__(self, in_sizes: list[int], out_sizes: list[int], name: str, pad_last: bool = False) -> None:
-        if any(o <= 0 for o in out_sizes) or any(i <= 0 for i in in_sizes):
+    def __init__(self, in_sizes: list[Expr], out_sizes: list[Expr], name: str, pad_last: bool = False) -> None:
+        if not all(_at_hint(o - 1) for o in out_sizes) or not all(_at_hint(i - 1) for i in in_sizes):
             raise Unsupported(f"{name} from {in_sizes} to {out_sizes}")
         self.n, self.in_sizes, self.out_sizes = len(in_sizes), in_sizes, out_sizes
-        spans = [[self._end_int(d, o) - self._start_int(d, o) for o in range(out_sizes[d])] for d in range(self.n)]
-        self.kernel = [max(s) for s in spans]  # the largest window
-        self.min_kernel = [min(s) for s in spans]
+        # per dim: the largest and smallest window; how many outputs hold an input at most (None:
+        # unbounded over the sizes a symbolic dim may take) and at least
+        self.kernel: list[Expr] = []
+        self.min_kernel: list[Expr] = []
+        self.counts: list[int | None] = []
+        self.min_counts: list[int] = []
+        for d in range(self.n):
+            measure = self._measure if in_sizes[d].is_Integer and out_sizes[d].is_Integer else self._bound
+            for field, value in zip((self.kernel, self.min_kernel, self.counts, self.min_counts), measure(d)):
+                field.append(value)
         # positions a window sum runs over: with pad_last, a last dim reduced as a Reduction (the
         # whole window above MAX_UNROLL) runs over whole 16-lane vectors past the largest window,
         # its positions there masked (a 20-wide window as 16 + 4 lanes left 4 scalar chains of
         # window-height adds per output)
         self.reach = list(self.kernel)
-        if pad_last and math.prod(self.kernel) > MAX_UNROLL and self.kernel[-1] > 8:
-            self.reach[-1] = -(-self.kernel[-1] // 16) * 16
-        # per dim: the first output holding input i is floor(i*OUT/IN); how many hold it
-        self.counts: list[int] = []
-        self.min_counts: list[int] = []
-        for d in range(self.n):
-            holders: list[list[int]] = [[] for _ in range(in_sizes[d])]
-            for o in range(out_sizes[d]):
-                for i in range(self._start_int(d, o), self._end_int(d, o)):
-                    holders[i].append(o)
-            assert all(h[0] == i * out_sizes[d] // in_sizes[d] for i, h in enumerate(holders))
-            self.counts.append(max(len(h) for h in holders))
-            self.min_counts.append(min(len(h) for h in holders))
+        if pad_last and not _unrolls(self.kernel) and self.kernel[-1].is_Integer and self.kernel[-1] > 8:
+            self.reach[-1] = sympy.Integer(-(-int(self.kernel[-1]) // 16) * 16)
 
-    def _start_int(self, d: int, o: int) -> int:
-        return o * self.in_sizes[d] // self.out_sizes[d]
+    def _measure(self, d: int) -> tuple[Expr, Expr, int, int]:
+        """Dim ``d``'s windows and holders, enumerated (its sizes are numbers). The first
+        output holding input i is floor(i*OUT/IN)."""
+        size, out = int(self.in_sizes[d]), int(self.out_sizes[d])
+        starts = [o * size // out for o in range(out)]
+        ends = [-(-(o + 1) * size // out) for o in range(out)]
+        holders: list[list[int]] = [[] for _ in range(size)]
+        for o in range(out):
+            for i in range(starts[o], ends[o]):
+                holders[i].append(o)
+        assert all(h[0] == i * out // size for i, h in enumerate(holders))
+        spans = [e - s for s, e in zip(starts, ends)]
+        return (sympy.Integer(max(spans)), sympy.Integer(min(spans)),
+                max(len(h) for h in holders), min(len(h) for h in holders))
 
-    def _end_int(self, d: int, o: int) -> int:
-        return -(-(o + 1) * self.in_sizes[d] // self.out_sizes[d])
+    def _bound(self, d: int) -> tuple[Expr, Expr, int | None, int]:
+        """Dim ``d``'s windows and holders for every size it may take (a size is symbolic):
+        one window of the whole dim, or windows at most ceil(IN/OUT) + 1 long (their ends
+        masked), each input in at most two of them when IN >= OUT at every size (two windows
+        overlap by at most one position, and the next starts floor(IN/OUT) further on)."""
+        size, out = self.in_sizes[d], self.out_sizes[d]
+        if out == 1:
+            return size, size, 1, 1
+        return FloorDiv(size + out - 1, out) + 1, sympy.Integer(0), 2 if _always(size - out) else None, 1
 
     def start(self, d: int, o: Expr) -> Expr:
         return FloorDiv(o * self.in_sizes[d], self.out_sizes[d])
@@ -555,7 +594,7 @@ class _Adaptive:
     def position(self, d: int, o: Expr, k: int | Expr) -> tuple[Expr, Any]:
         """Input position of window element ``k`` of output ``o``, and its validity mask."""
         start = self.start(d, o)
-        needs_mask = k >= self.min_kernel[d] if isinstance(k, int) else self.min_kernel[d] < self.reach[d]
+        needs_mask = k >= self.min_kernel[d] if isinstance(k, int) else not _always(self.min_kernel[d] - self.reach[d])
         return start + k, _in_range(start + k, 0, self.end(d, o), check_lo=False, check_hi=needs_mask)
 
     def extent(self, d: int, o: Expr) -> Expr:
@@ -564,7 +603,7 @@ class _Adaptive:
     def holder(self, d: int, pos: Expr, j: int) -> tuple[Expr, Any]:
         """Candidate output ``j`` for input ``pos`` and whether it holds ``pos``. Windows
         move monotonically, so only its start can exclude ``pos`` (and start(OUT) = IN)."""
-        o = FloorDiv(pos * self.out_sizes[d], self.in_sizes[d]) + j
+        o = FloorDiv(pos * self.out_sizes[d], self.in_sizes[d]) + j if self.out_sizes[d] != 1 else sympy.Integer(j)
         if j < self.min_counts[d]:
             return o, None
         return o, ops.le(ops.index_expr(self.start(d, o), I64), ops.index_expr(pos, I64))
@@ -572,9 +611,19 @@ class _Adaptive:
 
 def _adaptive(x: TensorBox, output_size: Any, n: int, name: str, pad_last: bool = False) -> tuple[_Adaptive, list[Expr]]:
     in_sizes = _spatial(x, n, name)
-    out_sizes = [int(o) if o is not None else i for o, i in zip(_ints(output_size, n), in_sizes)]
-    size = list(x.get_size()[:-n]) + [sympy.Integer(o) for o in out_sizes]
+    out_sizes = [sympy.sympify(o) for o in (output_size if isinstance(output_size, (list, tuple)) else [output_size])]
+    out_sizes = out_sizes * n if len(out_sizes) == 1 else out_sizes
+    if len(out_sizes) != n:
+        raise Unsupported(f"{name}: output size {out_sizes} for {n} spatial dims")
+    size = list(x.get_size()[:-n]) + out_sizes
     return _Adaptive(in_sizes, out_sizes, name, pad_last), size
+
+
+def _holder_counts(ad: _Adaptive, name: str) -> list[int]:
+    """How many outputs may hold an input, per dim, for a backward's gather."""
+    if None in ad.counts:
+        raise Unsupported(f"{name}: input {ad.in_sizes} may be smaller than output {ad.out_sizes} at some sizes")
+    return [int(c) for c in ad.counts if c is not None]
 
 
 def _divide_by_extents(value: Any, ad: _Adaptive, out: list[Expr], compute: torch.dtype) -> Any:
@@ -615,7 +664,7 @@ def _adaptive_avg_pool_backward(grad: TensorBox, x: TensorBox, n: int, name: str
     def contribution(outer: list[Expr], opos: list[Expr], pos: list[Expr]) -> Any:
         return _divide_by_extents(g_load(outer + opos), ad, opos, compute)
 
-    return _gather_sum(grad, x.get_size(), n, ad.counts, ad.holder, contribution, grad.get_dtype(), name)
+    return _gather_sum(grad, x.get_size(), n, _holder_counts(ad, name), ad.holder, contribution, grad.get_dtype(), name)
 
 
 @register_lowering(aten._adaptive_avg_pool2d_backward)
@@ -630,7 +679,7 @@ def adaptive_avg_pool3d_backward(grad: TensorBox, x: TensorBox) -> TensorBox:
 
 def _adaptive_max_pool(x: TensorBox, output_size: Any, n: int, name: str) -> tuple[TensorBox, TensorBox]:
     ad, size = _adaptive(x, output_size, n, name)
-    if math.prod(ad.kernel) <= MAX_UNROLL:
+    if _unrolls(ad.kernel):
         values = _pointwise(x, x.get_dtype(), _max_window(x, n, ad.kernel, ad.in_sizes, ad.position, False), size, name)
         indices = _pointwise(x, I64, _max_window(x, n, ad.kernel, ad.in_sizes, ad.position, True), size, name)
         return values, indices
@@ -655,7 +704,7 @@ def _adaptive_max_reduced(x: TensorBox, ad: _Adaptive, size: list[Expr], name: s
 
     def reduction(kind: str, dtype: torch.dtype) -> TensorBox:
         node = TensorBox.create(Reduction(x.get_device(), dtype, reduced, list(size), origins=x.origins | {name},
-                                          src_dtype=x.get_dtype(), reduction_ranges=[sympy.Integer(k) for k in ad.kernel],
+                                          src_dtype=x.get_dtype(), reduction_ranges=list(ad.kernel),
                                           reduction_type=kind))
         node.realize()
         return node
@@ -667,10 +716,10 @@ def _adaptive_max_reduced(x: TensorBox, ad: _Adaptive, size: list[Expr], name: s
         r, flat = arg_load(index), None
         out = list(index[-n:])
         for d in range(n):
-            inner = math.prod(ad.kernel[d + 1:])
-            k = ops.mod(ops.floordiv(r, ops.constant(inner, I64)), ops.constant(ad.kernel[d], I64))
+            inner = sympy.Mul(*ad.kernel[d + 1:])
+            k = ops.mod(ops.floordiv(r, ops.index_expr(inner, I64)), ops.index_expr(ad.kernel[d], I64))
             p = ops.add(ops.index_expr(ad.start(d, out[d]), I64), k)
-            flat = p if flat is None else ops.add(ops.mul(flat, ops.constant(ad.in_sizes[d], I64)), p)
+            flat = p if flat is None else ops.add(ops.mul(flat, ops.index_expr(ad.in_sizes[d], I64)), p)
         return flat
 
     return values, _pointwise(x, I64, to_position, size, name, arg)
@@ -694,7 +743,8 @@ def _adaptive_max_pool_backward(grad: TensorBox, x: TensorBox, indices: TensorBo
         hit = ops.eq(i_load(outer + opos), ops.index_expr(_flat(pos, ad.in_sizes), I64))
         return ops.where(hit, g_load(outer + opos), ops.constant(0, compute))
 
-    return _gather_sum(grad, x.get_size(), n, ad.counts, ad.holder, contribution, grad.get_dtype(), name, indices)
+    return _gather_sum(grad, x.get_size(), n, _holder_counts(ad, name), ad.holder, contribution, grad.get_dtype(), name,
+                       indices)
 
 
 @register_lowering(aten.adaptive_max_pool2d_backward)
