@@ -233,3 +233,21 @@ def test_a_kernel_parameter_of_unknown_type_is_an_error() -> None:
     source = 'extern "C" void k(float* out, unsigned short n){for(int i=0;i<n;i++) out[i]=i;}\n'
     with pytest.raises(cache.CppCompileError, match="kernel k takes a parameter 'unsigned short n' of no known type"):
         cache.compile_and_load_many([(source, "k")])
+
+
+def test_kernels_repeated_by_layers_compile_once(tmp_path: Path) -> None:
+    """Layers that repeat give kernels whose code differs only in names and comments: each
+    code is compiled once and the wrapper calls its twins through the first (and every
+    layer's result is still right: the twins take their own buffers)."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.GELU()) for _ in range(4)]
+    model = torch.nn.Sequential(*layers).eval()
+    x = torch.randn(32, 64)
+    cache._loaded.clear()
+    with torch.no_grad(), config.patch(debug=True, debug_dir=str(tmp_path / "dump")):
+        out = torch.compile(model, backend="minductor")(x)
+        torch.testing.assert_close(out, model(x))
+    (code,) = [p.read_text() for p in (tmp_path / "dump").glob("graph_*/output_code.py")]
+    sources, twins = code.count("_source = r'''"), code.count("  # the same code")
+    assert twins >= 3 and sources + twins == metrics.generated_kernel_count, code
+    assert metrics.cache_misses == sources
