@@ -360,3 +360,18 @@ def test_autotune_skips_kernels_that_update_in_place() -> None:
     atomic = [k for k in kernels if "tl.atomic_add(" in k.source]
     assert atomic and all("autotune_launch(" not in k.call for k in atomic)
     assert any("autotune_launch(" in k.call for k in kernels if k not in atomic), "the other kernels are tuned"
+
+
+def test_kernels_repeated_by_layers_are_defined_once(tmp_path: Any) -> None:
+    """A Triton kernel whose code equals an earlier one's apart from names and comments is
+    not defined (nor JIT-compiled) again: the wrapper calls it through the earlier one."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.GELU()) for _ in range(3)]
+    model = torch.nn.Sequential(*layers).eval()
+    x = torch.randn(32, 64)
+    with torch.no_grad(), config.patch(debug=True, debug_dir=str(tmp_path)):
+        out = torch.compile(model, backend="minductor")(x)
+        torch.testing.assert_close(out, model(x))
+    (code,) = [p.read_text() for p in tmp_path.glob("graph_*/output_code.py")]
+    defined, twins = code.count("@triton.jit"), code.count("  # the same code")
+    assert twins >= 2 and defined + twins == metrics.generated_kernel_count, code

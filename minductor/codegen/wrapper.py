@@ -327,11 +327,12 @@ def _render_module(calls: CodeBuffer, kernels: list[KernelCode], constants: list
         out.writeline(f"{name} = constants.get({name!r})  # held by the graph")
     if constants:
         out.writeline("")
+    kernels, twins = _distinct(kernels)
     for kernel in kernels:
         if kernel.backend != "cpp":
             out.lines.extend(kernel.source.rstrip("\n").split("\n"))
             out.writeline("")
-    cpp, twins = _distinct([(k.name, k.source) for k in kernels if k.backend == "cpp"])
+    cpp = [(k.name, k.source) for k in kernels if k.backend == "cpp"]
     for name, source in cpp:
         # the string holds exactly ``source``: what is dumped is what is compiled
         first, *rest = source.rstrip("\n").split("\n")
@@ -344,32 +345,35 @@ def _render_module(calls: CodeBuffer, kernels: list[KernelCode], constants: list
         names = ", ".join(n for n, _ in cpp)
         items = ", ".join(f"({n}_source, {n!r})" for n, _ in cpp)
         out.writeline(f"{names}{',' if len(cpp) == 1 else ''} = compile_and_load_many([{items}])")
-        for name, twin in twins:
-            out.writeline(f"{name} = {twin}  # the same code")
         out.writeline("")
+    for name, twin in twins:
+        out.writeline(f"{name} = {twin}  # the same code")
     out.writeline("")
     out.splice(calls)
     return out.getvalue()
 
 
-_COMMENT = re.compile(r"[ \t]*//[^\n]*")  # (generated C++ holds no string with "//" in it)
+# comments, by backend (generated C++ holds no string with "//" in it, Triton's none with "#")
+_COMMENT = {"cpp": re.compile(r"[ \t]*//[^\n]*"), "triton": re.compile(r"[ \t]*#[^\n]*")}
 
 
-def _distinct(cpp: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+def _distinct(kernels: list[KernelCode]) -> tuple[list[KernelCode], list[tuple[str, str]]]:
     """The kernels whose code differs from every earlier one's apart from names and comments,
     and (name, earlier kernel) for the rest, which the wrapper calls through the earlier one.
     Each layer of a model repeats its kernels: GPT-2's 12 layers make 85 kernels of 11
     different codes (the first layer's differ: buffers reused in place later); compiling every
     one took g++ 2.9-3.3 s of an 11-13 s first call, the 11 take 0.6-1.0 s (7-9.5 s)."""
-    first: dict[str, str] = {}
+    first: dict[tuple[str, str], str] = {}
     distinct, twins = [], []
-    for name, source in cpp:
-        code = _COMMENT.sub("", re.sub(rf"\b{name}(?!\d)", "mi_kernel", source))
-        twin = first.setdefault(code, name)
-        if twin == name:
-            distinct.append((name, source))
+    for kernel in kernels:
+        code = re.sub(rf"\b{kernel.name}(?!\d)", "mi_kernel", kernel.source)
+        if kernel.backend in _COMMENT:
+            code = _COMMENT[kernel.backend].sub("", code)
+        twin = first.setdefault((kernel.backend, code), kernel.name)
+        if twin == kernel.name:
+            distinct.append(kernel)
         else:
-            twins.append((name, twin))
+            twins.append((kernel.name, twin))
     return distinct, twins
 
 
