@@ -306,6 +306,28 @@ def test_products_with_a_few_rows_sum_column_by_column(rows: int, dtype: torch.d
     assert re.search(rf"for \(int64_t (\w+) = 0; \1 < 400; \1\+\+\)\s*\{{\s*for \(int64_t (\w+) = 0; \2 < {rows}; \2\+\+\)", code), code
 
 
+@pytest.mark.parametrize("rows", [1, 2, 8])
+def test_an_operand_read_for_every_column_is_computed_once(rows: int, tmp_path: Path) -> None:
+    """The operand a sum of products reads whole for each column of the other is a contiguous
+    buffer of its own: computed in the product's loops (hardswish of a transposed view, here),
+    it was recomputed for every one of the 256 columns (LeViT: 1.0 ms, 0.02 computed once).
+    The same for a matrix's few columns, read for each row."""
+    torch.manual_seed(0)
+    x, w, m = torch.randn(2, 64, rows, 4), torch.randn(256, 512), torch.randn(40, 512)
+
+    def fn(x: torch.Tensor, w: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = F.hardswish(x.transpose(1, 2).reshape(-1, 512))[:rows]  # (rows, 512), computed
+        return F.linear(a, w), m @ a.t()
+
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        got = torch.compile(fn, backend="minductor")(x, w, m)
+    torch.testing.assert_close(got, fn(x, w, m), rtol=1e-4, atol=1e-4)
+    kernels = {p.stem: p.read_text() for p in tmp_path.glob("graph_*/cpp_fused_*.cpp")}
+    products = [name for name in kernels if "_sum_" in name]
+    assert products and not any("mi_maximum" in kernels[n] for n in products), kernels  # no hardswish inside
+    assert sum("mi_maximum" in k for k in kernels.values()) == 1, kernels  # computed once, by its own kernel
+
+
 def test_products_with_more_rows_stay_gemms(tmp_path: Path) -> None:
     """Nine rows go to the GEMM library, and so do few rows summing more than 1024 products
     each (8 rows of 11008x4096: 7.5 ms as sums, 6.9 on oneDNN)."""
