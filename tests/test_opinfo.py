@@ -6,8 +6,10 @@ everything else) and compared with eager. An op that fails must be listed in ``K
 with a reason; any other failure fails the suite.
 
 Fast by default (the first ``FAST_SAMPLES`` samples of each op); ``MINDUCTOR_OPINFO_FULL=1``
-runs every sample. ``python tests/test_opinfo.py [--full] [op names...]`` prints a
-report instead of asserting: pass rate over (op, sample) pairs and each failure.
+runs every sample. ``MINDUCTOR_OPINFO_DYNAMIC=1`` compiles with ``dynamic=True`` (sizes become
+symbols) instead of specializing on them. ``python tests/test_opinfo.py [--full] [--dynamic]
+[op names...]`` prints a report instead of asserting: pass rate over (op, sample) pairs and each
+failure.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ pytest.importorskip("expecttest", reason="the OpInfo database imports expecttest
 from torch.testing._internal.common_methods_invocations import op_db
 
 FULL = os.environ.get("MINDUCTOR_OPINFO_FULL", "") not in ("", "0")
+DYNAMIC = os.environ.get("MINDUCTOR_OPINFO_DYNAMIC", "") not in ("", "0")
 # fast mode: samples per op, and more for the op families issue 4 is about
 FAST_SAMPLES = 1
 FOCUS_SAMPLES = 3
@@ -114,7 +117,7 @@ def run_both(op: Any, sample: Any, run: Callable[[Callable[..., Any], Any], Any]
         if skip(expected):
             return None
         torch._dynamo.reset()
-        compiled = torch.compile(fn, backend="minductor", dynamic=False)
+        compiled = torch.compile(fn, backend="minductor", dynamic=DYNAMIC)
         torch.manual_seed(0)
         try:
             with config.patch(fallback_random=True):
@@ -175,7 +178,9 @@ def test_known_failures_name_real_ops() -> None:
 
 
 def _report(argv: list[str]) -> None:
+    global DYNAMIC
     full = "--full" in argv or FULL
+    DYNAMIC = "--dynamic" in argv or DYNAMIC
     wanted = {a for a in argv if not a.startswith("--")}
     ops = [op for op in OPS if not wanted or op_key(op) in wanted or op.name in wanted]
     total = passed = 0
