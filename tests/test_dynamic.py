@@ -601,3 +601,20 @@ def test_a_slice_from_the_end_of_a_symbolic_dim_broadcasts_at_its_traced_length(
     for t in (40, 70, 100):
         x = torch.randn(2, t, 4)
         torch.testing.assert_close(compiled(x), fn(x))
+
+
+def test_an_output_view_of_an_input_with_symbolic_strides_stays_a_view() -> None:
+    """``as_strided(x, size, stride)`` with the size and strides graph inputs: checking the
+    output's traced strides for density guards ``stride[0] == 1``, which rewrote the traced
+    strides but not ours, so they compared unequal and the output was copied. AOTAutograd
+    rebuilds an output aliasing an input from our output's strides and storage offset (it does
+    not replay views with symbolic arguments): from the copy's offset 0, an input sliced at 5
+    read the storage's first elements."""
+    def fn(x: torch.Tensor, size: tuple[int, int], stride: tuple[int, int]) -> torch.Tensor:
+        return torch.as_strided(x, size, stride)
+
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    base = torch.arange(40.0)
+    for start in (5, 9):
+        x = base[start:start + 10]
+        torch.testing.assert_close(compiled(x, (2, 2), (1, 2)), fn(x, (2, 2), (1, 2)))
