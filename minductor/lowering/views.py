@@ -203,8 +203,7 @@ def select(x: TensorBox, dim: int, index: int) -> TensorBox:
 def slice_(x: TensorBox, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> TensorBox:
     old = x.get_size()
     dim = _dim(dim, len(old))
-    if step <= 0:
-        raise Unsupported("slice step must be positive")
+    _check_step(step, "slice")
     size = old[dim]
     start, length = _slice_bounds(size, start, end, step)
     length = _traced_length(length, dim, aten.slice.Tensor)
@@ -213,6 +212,14 @@ def slice_(x: TensorBox, dim: int = 0, start: Any = None, end: Any = None, step:
     new = list(old)
     new[dim] = length
     return make_view(x, new, lambda idx: list(idx[:dim]) + [idx[dim] * step + start] + list(idx[dim + 1:]))
+
+
+def _check_step(step: Any, op: str) -> None:
+    """A step below 1 falls back to aten (which raises); a symbolic one was checked positive
+    by tracing, which raises as eager does."""
+    step = sympy.sympify(step)
+    if step.is_number and step <= 0:
+        raise Unsupported(f"{op} step must be positive")
 
 
 def _traced_length(length: Expr, dim: int, target: Any) -> Expr:
@@ -234,7 +241,7 @@ def _traced_length(length: Expr, dim: int, target: Any) -> Expr:
 
 def _slice_bounds(size: Expr, start: Any, end: Any, step: int) -> tuple[Expr, Expr]:
     """Start and length of ``[start:end:step]`` along a dim of ``size``, clamped as Python does."""
-    if size.is_Integer and all(v is None or isinstance(v, int) for v in (start, end)):
+    if size.is_Integer and isinstance(step, int) and all(v is None or isinstance(v, int) for v in (start, end)):
         start, end, _ = slice(start, end, step).indices(int(size))
         return sympy.Integer(start), sympy.Integer(max(0, (end - start + step - 1) // step))
     return _symbolic_slice(size, start, end, step)
@@ -361,11 +368,8 @@ def slice_scatter(x: TensorBox, src: TensorBox, dim: int = 0, start: Any = None,
     aten before: a circular pad of (8, 64, 128, 128) ran 97 ms, eager 10."""
     size = x.get_size()
     dim = _dim(dim, len(size))
-    if step <= 0:
-        raise Unsupported("slice_scatter step must be positive")
+    _check_step(step, "slice_scatter")
     lo, length = _slice_bounds(size[dim], start, end, step)
-    if step != 1 and not lo.is_number:
-        raise Unsupported("slice_scatter with a step and a symbolic start")
     src_size = list(size)
     src_size[dim] = length
     src = expand_to(to_dtype(src, x.get_dtype()), src_size)
@@ -409,11 +413,12 @@ def _slice_scatter_select(x: TensorBox, src: TensorBox, dim: int, lo: Expr, leng
                                ops.lt(at, ops.index_expr(lo + step * (length - 1) + 1, torch.int64)))
         local = list(index)
         local[dim] = i - lo
-        if step != 1:  # (i + the multiple of step past lo) - lo >= 0: no negative operand
-            shifted = i + step * -(-lo // step) - lo
+        if step != 1:  # (i + the multiple of step from lo on) - lo >= 0: no negative operand
+            steps_to_lo = FloorDiv(lo + step - 1, step)
+            shifted = i + step * steps_to_lo - lo
             mask = ops.logical_and(mask, ops.eq(ops.index_expr(ModularIndexing(shifted, 1, step), torch.int64),
                                                 ops.index_expr(sympy.Integer(0), torch.int64)))
-            local[dim] = FloorDiv(shifted, step) - -(-lo // step)
+            local[dim] = FloorDiv(shifted, step) - steps_to_lo
         value = ops.masked(mask, lambda: load_src(local), 0)
         return ops.where(mask, value, load_x(index))
 
