@@ -390,6 +390,24 @@ def test_select_along_a_symbolic_dim(fn) -> None:
     assert metrics.graphs_compiled == 1
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.diagonal(x, 2) * 2,
+    lambda x: torch.diagonal(x, -1, 1, 2) + 1,
+    lambda x: torch.trace(x[0]),
+    lambda x: x.unfold(1, 2, 1) + 1,
+    lambda x: x.unfold(-1, 4, 3).sum(-1),
+], ids=["diagonal", "diagonal_below", "trace", "unfold", "unfold_step"])
+def test_diagonal_and_unfold_of_symbolic_dims(fn) -> None:
+    """A diagonal's length (``min(rows, cols - offset)``) and unfold's window count
+    (``(n - size) // step + 1``) over dynamic dims are symbolic; the lowerings read the dims
+    as ints and failed to compile (``torch.trace``, ``torch.stft``)."""
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for shape in [(3, 5, 7), (4, 9, 6), (2, 6, 6), (5, 11, 13)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert not metrics.fallback_ops
+
+
 ROW_KERNELS = {
     "layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],)),
     "softmax": lambda x: x.softmax(-1),

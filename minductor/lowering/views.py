@@ -327,21 +327,25 @@ def buf_offset(buf: Any) -> Expr:
 
 @register_lowering(aten.diagonal)
 def diagonal(x: TensorBox, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TensorBox:
+    """The diagonal ``offset`` above the main one (below it when negative) of dims ``dim1`` and
+    ``dim2``, as a new last dim. Its length over symbolic sizes is the one tracing computed."""
     old = x.get_size()
     ndim = len(old)
     d1, d2 = _dim(dim1, ndim), _dim(dim2, ndim)
-    rows, cols = int(old[d1]), int(old[d2])
-    length = max(0, min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols))
+    rows, cols, offset = old[d1], old[d2], sympy.sympify(offset)
+    below = _negative(offset)
+    length = sympy.Max(0, sympy.Min(rows + offset, cols) if below else sympy.Min(rows, cols - offset))
     rest = [i for i in range(ndim) if i not in (d1, d2)]
-    new = [old[i] for i in rest] + [sympy.Integer(length)]
+    length = _traced_length(V.graph.sizevars.simplify(length), len(rest), aten.diagonal.default)
+    new = [old[i] for i in rest] + [length]
 
     def reindex(idx: Sequence[Expr]) -> list[Expr]:
         out: list[Expr] = [sympy.Integer(0)] * ndim
         for pos, i in enumerate(rest):
             out[i] = idx[pos]
         k = idx[-1]
-        out[d1] = k + (-offset if offset < 0 else 0)
-        out[d2] = k + (max(0, offset))
+        out[d1] = k - offset if below else k
+        out[d2] = k if below else k + offset
         return out
 
     return make_view(x, new, reindex)
@@ -354,8 +358,9 @@ def unfold(x: TensorBox, dim: int, size: int, step: int) -> TensorBox:
     if len(old) == 0:
         return make_view(x, [sympy.Integer(1)], lambda idx: [])
     dim = _dim(dim, len(old))
-    count = (int(old[dim]) - size) // step + 1
-    new = list(old[:dim]) + [sympy.Integer(count)] + list(old[dim + 1:]) + [sympy.Integer(size)]
+    # (tracing checked size <= old[dim], as eager does)
+    count = _traced_length(FloorDiv(old[dim] - size, step) + 1, dim, aten.unfold.default)
+    new = list(old[:dim]) + [count] + list(old[dim + 1:]) + [sympy.sympify(size)]
     return make_view(x, new, lambda idx: list(idx[:dim]) + [idx[dim] * step + idx[-1]] + list(idx[dim + 1:-1]))
 
 
