@@ -52,6 +52,15 @@ UNDEFINED_VALUES = frozenset({
 # op name -> why it fails. Reviewed: each entry names the cause; keep it short and true.
 KNOWN_FAILURES: dict[str, str] = {
 }
+# The same, under dynamic shapes only: failures of Dynamo's (they fail with backend="eager" too).
+KNOWN_DYNAMIC_FAILURES: dict[str, str] = {
+    "cov": "with aweights (full samples): Dynamo's fake run calls numel() on a tensor of symbolic sizes",
+    "max_pool2d_with_indices_backward": "Dynamo's fake run passes a SymInt kernel_size where the op takes int[2]",
+}
+
+
+def known_failures() -> dict[str, str]:
+    return {**KNOWN_FAILURES, **KNOWN_DYNAMIC_FAILURES} if DYNAMIC else KNOWN_FAILURES
 
 
 def op_key(op: Any) -> str:
@@ -167,14 +176,15 @@ OPS = float32_ops()
 def test_op_matches_eager(op: Any) -> None:
     key = op_key(op)
     _, failures = check_op(op, FULL)
-    if failures and key in KNOWN_FAILURES:
-        pytest.xfail(KNOWN_FAILURES[key])
+    if failures and key in known_failures():
+        pytest.xfail(known_failures()[key])
     assert not failures, f"{key} fails (add it to KNOWN_FAILURES with a reason, or fix it):\n" + "\n".join(failures)
 
 
 def test_known_failures_name_real_ops() -> None:
     names = {op_key(op) for op in OPS}
-    assert not set(KNOWN_FAILURES) - names, sorted(set(KNOWN_FAILURES) - names)
+    listed = set(KNOWN_FAILURES) | set(KNOWN_DYNAMIC_FAILURES)
+    assert not listed - names, sorted(listed - names)
 
 
 def _report(argv: list[str]) -> None:
@@ -194,7 +204,7 @@ def _report(argv: list[str]) -> None:
             fallbacks.setdefault(name, set()).add(op_key(op))
         total += count
         passed += count - len(failures)
-        status = "ok" if not failures else ("known" if op_key(op) in KNOWN_FAILURES else "FAIL")
+        status = "ok" if not failures else ("known" if op_key(op) in known_failures() else "FAIL")
         print(f"{status:5} {op_key(op)} [{count - len(failures)}/{count}] {time.perf_counter() - t0:.1f}s", flush=True)
         for f in failures:
             print(f"      {f}", flush=True)
