@@ -262,8 +262,10 @@ def _same_strides(out: IRNode, meta: torch.Tensor) -> bool:
     stride = out.get_stride() if hasattr(out, "get_stride") else None
     if stride is None:
         return True
+    replace = V.graph.sizevars.replace  # (_dense may just have guarded, simplifying meta's strides)
     expected = [to_expr(s) for s in meta.stride()]
-    return all(sz == 1 or sympy.expand(a - b) == 0 for sz, a, b in zip(out.get_size(), stride, expected))
+    return all(replace(sz) == 1 or sympy.expand(replace(a) - b) == 0
+               for sz, a, b in zip(out.get_size(), stride, expected))
 
 
 def _copy_with_strides(value: IRNode, meta: torch.Tensor) -> Buffer:

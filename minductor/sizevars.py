@@ -81,9 +81,11 @@ class SizeVars:
     def __init__(self, example_inputs: Any) -> None:
         self.var_to_val: dict[sympy.Symbol, sympy.Integer] = {}
         self.lower: dict[sympy.Symbol, int] = {}  # each size symbol's lower bound (Dynamo: 2 once 0 and 1 specialize)
+        self.shape_env: Any = None
         for x in example_inputs:
             env = _shape_env(x)
             if env is not None:
+                self.shape_env = env
                 values = getattr(env, "backed_var_to_val", None)
                 values = env.var_to_val if values is None else values
                 self.var_to_val = {k: sympy.Integer(int(v)) for k, v in values.items()}
@@ -109,6 +111,17 @@ class SizeVars:
         expr = sympy.sympify(expr)
         over = {s: index_symbol(f"{s.name}_over") + self.lower.get(s, 0) for s in size_symbols(expr)}
         return bool(sympy.expand(expr.xreplace(over)).is_nonnegative)
+
+    def replace(self, expr: Any) -> sympy.Expr:
+        """``expr`` with the symbols the ShapeEnv's guards have equated replaced, as the traced
+        sizes have them. A guard added while compiling (``is_non_overlapping_and_dense`` on an
+        output's traced strides guards ``s1 == 1``) rewrites the traced sizes from then on,
+        while the IR built before it still names ``s1``."""
+        expr = sympy.sympify(expr)
+        if self.shape_env is None:
+            return expr
+        replace = self.shape_env.replace
+        return expr.xreplace({s: from_torch_sympy(sympy.sympify(replace(s))) for s in size_symbols(expr)})
 
     def hint(self, expr: Any) -> int:
         expr = sympy.sympify(expr).xreplace(self.var_to_val)

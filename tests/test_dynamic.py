@@ -390,6 +390,24 @@ def test_select_along_a_symbolic_dim(fn) -> None:
     assert metrics.graphs_compiled == 1
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.diagonal(x, 2) * 2,
+    lambda x: torch.diagonal(x, -1, 1, 2) + 1,
+    lambda x: torch.trace(x[0]),
+    lambda x: x.unfold(1, 2, 1) + 1,
+    lambda x: x.unfold(-1, 4, 3).sum(-1),
+], ids=["diagonal", "diagonal_below", "trace", "unfold", "unfold_step"])
+def test_diagonal_and_unfold_of_symbolic_dims(fn) -> None:
+    """A diagonal's length (``min(rows, cols - offset)``) and unfold's window count
+    (``(n - size) // step + 1``) over dynamic dims are symbolic; the lowerings read the dims
+    as ints and failed to compile (``torch.trace``, ``torch.stft``)."""
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for shape in [(3, 5, 7), (4, 9, 6), (2, 6, 6), (5, 11, 13)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert not metrics.fallback_ops
+
+
 ROW_KERNELS = {
     "layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],)),
     "softmax": lambda x: x.softmax(-1),
@@ -601,3 +619,20 @@ def test_a_slice_from_the_end_of_a_symbolic_dim_broadcasts_at_its_traced_length(
     for t in (40, 70, 100):
         x = torch.randn(2, t, 4)
         torch.testing.assert_close(compiled(x), fn(x))
+
+
+def test_an_output_view_of_an_input_with_symbolic_strides_stays_a_view() -> None:
+    """``as_strided(x, size, stride)`` with the size and strides graph inputs: checking the
+    output's traced strides for density guards ``stride[0] == 1``, which rewrote the traced
+    strides but not ours, so they compared unequal and the output was copied. AOTAutograd
+    rebuilds an output aliasing an input from our output's strides and storage offset (it does
+    not replay views with symbolic arguments): from the copy's offset 0, an input sliced at 5
+    read the storage's first elements."""
+    def fn(x: torch.Tensor, size: tuple[int, int], stride: tuple[int, int]) -> torch.Tensor:
+        return torch.as_strided(x, size, stride)
+
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    base = torch.arange(40.0)
+    for start in (5, 9):
+        x = base[start:start + 10]
+        torch.testing.assert_close(compiled(x, (2, 2), (1, 2)), fn(x, (2, 2), (1, 2)))

@@ -130,3 +130,19 @@ def test_slice_assignment_with_dynamic_shapes() -> None:
         x, y = torch.randn(3, n), torch.randn(3, n - 1)
         torch.testing.assert_close(compiled(x, y), fn(x, y), atol=0, rtol=0)
 
+
+def test_slices_with_a_symbolic_step() -> None:
+    """A step (and start) that are graph inputs under dynamic shapes: the lowerings tested
+    ``step <= 0`` and failed to compile; tracing checked the step positive, as eager does.
+    One graph serves every start and step."""
+    def fn(x, y, start, step):
+        out = torch.slice_scatter(x, y, 0, start, None, step)
+        return out + x[start::step].sum(0)
+
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for n, start, step in [(20, 2, 3), (23, 5, 4), (17, 0, 2)]:
+        x = torch.randn(n, 3)
+        y = torch.randn(len(range(start, n, step)), 3)
+        torch.testing.assert_close(compiled(x, y, start, step), fn(x, y, start, step))
+    assert not metrics.fallback_ops and metrics.graphs_compiled == 1
+

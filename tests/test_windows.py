@@ -312,6 +312,21 @@ def test_reflection_replication_pad(mode: str) -> None:
           exact=exact_grad)
 
 
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("dynamic", [None, True], ids=["static_sizes", "dynamic_sizes"])
+def test_reflection_replication_pad_with_symbolic_widths(mode: str, dynamic: bool | None) -> None:
+    """Pad widths that are graph inputs (symbolic once Dynamo sees them change, or under
+    dynamic=True) fall back to aten: the lowerings converted them to ints and failed to
+    compile (nn.functional.pad.replicate in the OpInfo sweep under dynamic shapes)."""
+    def fn(x: torch.Tensor, pad: tuple[int, int]) -> torch.Tensor:
+        return F.pad(x, pad, mode=mode) * 2
+
+    compiled = torch.compile(fn, backend="minductor", dynamic=dynamic)
+    x = image(2, 3, 6)
+    for pad in [(1, 2), (2, 1), (3, 0)]:
+        torch.testing.assert_close(compiled(x, pad), fn(x, pad), **EXACT)
+
+
 def test_pool_fuses_with_neighbours() -> None:
     """A pool reads its producer through masked loads: relu -> pad -> pool is one kernel."""
     fn = torch.compile(lambda t: F.avg_pool2d(F.pad(t.relu(), (1, 1, 1, 1)), 3, 2), backend="minductor")

@@ -17,11 +17,15 @@ Expr = sympy.Expr
 
 def _sides(x: TensorBox, padding: Sequence[Any], n: int, name: str) -> tuple[list[int], list[int], list[int]]:
     """The sizes of ``x``'s last ``n`` dims and the padding before and after each (``padding``
-    lists the last dim's first, as ``F.pad`` does)."""
+    lists the last dim's first, as ``F.pad`` does). Sizes and padding must be numbers (the
+    index math is for ints; a padding passed in is symbolic under dynamic shapes)."""
+    sizes = _spatial(x, n, name)
+    if not all(sympy.sympify(p).is_Integer for p in padding):
+        raise Unsupported(f"{name} with symbolic padding {list(padding)}")
     pads = [int(p) for p in padding]
     if len(pads) != 2 * n or any(p < 0 for p in pads):
         raise Unsupported(f"{name} with padding {pads}")
-    return _spatial(x, n, name), [pads[2 * (n - 1 - d)] for d in range(n)], [pads[2 * (n - 1 - d) + 1] for d in range(n)]
+    return sizes, [pads[2 * (n - 1 - d)] for d in range(n)], [pads[2 * (n - 1 - d) + 1] for d in range(n)]
 
 
 def _index_pad(x: TensorBox, padding: Sequence[Any], n: int, name: str,
@@ -80,9 +84,11 @@ def _replicate(i: Expr, size: int) -> tuple[Expr, Expr]:
 
 def _reflection(n: int) -> Callable[[TensorBox, Sequence[Any]], TensorBox]:
     def lowering(x: TensorBox, padding: Sequence[Any]) -> TensorBox:
-        if any(int(p) >= s for p, s in zip(padding, [s for s in _spatial(x, n, "reflection_pad") for _ in (0, 1)][::-1])):
+        name = f"reflection_pad{n}d"
+        sizes, lows, highs = _sides(x, padding, n, name)
+        if any(max(lo, hi) >= size for size, lo, hi in zip(sizes, lows, highs)):
             raise Unsupported("reflection padding as large as the input (eager raises)")
-        return _index_pad(x, padding, n, f"reflection_pad{n}d", _reflect)
+        return _index_pad(x, padding, n, name, _reflect)
 
     return lowering
 

@@ -203,8 +203,7 @@ def select(x: TensorBox, dim: int, index: int) -> TensorBox:
 def slice_(x: TensorBox, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> TensorBox:
     old = x.get_size()
     dim = _dim(dim, len(old))
-    if step <= 0:
-        raise Unsupported("slice step must be positive")
+    _check_step(step, "slice")
     size = old[dim]
     start, length = _slice_bounds(size, start, end, step)
     length = _traced_length(length, dim, aten.slice.Tensor)
@@ -213,6 +212,14 @@ def slice_(x: TensorBox, dim: int = 0, start: Any = None, end: Any = None, step:
     new = list(old)
     new[dim] = length
     return make_view(x, new, lambda idx: list(idx[:dim]) + [idx[dim] * step + start] + list(idx[dim + 1:]))
+
+
+def _check_step(step: Any, op: str) -> None:
+    """A step below 1 falls back to aten (which raises); a symbolic one was checked positive
+    by tracing, which raises as eager does."""
+    step = sympy.sympify(step)
+    if step.is_number and step <= 0:
+        raise Unsupported(f"{op} step must be positive")
 
 
 def _traced_length(length: Expr, dim: int, target: Any) -> Expr:
@@ -234,7 +241,7 @@ def _traced_length(length: Expr, dim: int, target: Any) -> Expr:
 
 def _slice_bounds(size: Expr, start: Any, end: Any, step: int) -> tuple[Expr, Expr]:
     """Start and length of ``[start:end:step]`` along a dim of ``size``, clamped as Python does."""
-    if size.is_Integer and all(v is None or isinstance(v, int) for v in (start, end)):
+    if size.is_Integer and isinstance(step, int) and all(v is None or isinstance(v, int) for v in (start, end)):
         start, end, _ = slice(start, end, step).indices(int(size))
         return sympy.Integer(start), sympy.Integer(max(0, (end - start + step - 1) // step))
     return _symbolic_slice(size, start, end, step)
@@ -320,21 +327,25 @@ def buf_offset(buf: Any) -> Expr:
 
 @register_lowering(aten.diagonal)
 def diagonal(x: TensorBox, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TensorBox:
+    """The diagonal ``offset`` above the main one (below it when negative) of dims ``dim1`` and
+    ``dim2``, as a new last dim. Its length over symbolic sizes is the one tracing computed."""
     old = x.get_size()
     ndim = len(old)
     d1, d2 = _dim(dim1, ndim), _dim(dim2, ndim)
-    rows, cols = int(old[d1]), int(old[d2])
-    length = max(0, min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols))
+    rows, cols, offset = old[d1], old[d2], sympy.sympify(offset)
+    below = _negative(offset)
+    length = sympy.Max(0, sympy.Min(rows + offset, cols) if below else sympy.Min(rows, cols - offset))
     rest = [i for i in range(ndim) if i not in (d1, d2)]
-    new = [old[i] for i in rest] + [sympy.Integer(length)]
+    length = _traced_length(V.graph.sizevars.simplify(length), len(rest), aten.diagonal.default)
+    new = [old[i] for i in rest] + [length]
 
     def reindex(idx: Sequence[Expr]) -> list[Expr]:
         out: list[Expr] = [sympy.Integer(0)] * ndim
         for pos, i in enumerate(rest):
             out[i] = idx[pos]
         k = idx[-1]
-        out[d1] = k + (-offset if offset < 0 else 0)
-        out[d2] = k + (max(0, offset))
+        out[d1] = k - offset if below else k
+        out[d2] = k if below else k + offset
         return out
 
     return make_view(x, new, reindex)
@@ -347,8 +358,9 @@ def unfold(x: TensorBox, dim: int, size: int, step: int) -> TensorBox:
     if len(old) == 0:
         return make_view(x, [sympy.Integer(1)], lambda idx: [])
     dim = _dim(dim, len(old))
-    count = (int(old[dim]) - size) // step + 1
-    new = list(old[:dim]) + [sympy.Integer(count)] + list(old[dim + 1:]) + [sympy.Integer(size)]
+    # (tracing checked size <= old[dim], as eager does)
+    count = _traced_length(FloorDiv(old[dim] - size, step) + 1, dim, aten.unfold.default)
+    new = list(old[:dim]) + [count] + list(old[dim + 1:]) + [sympy.sympify(size)]
     return make_view(x, new, lambda idx: list(idx[:dim]) + [idx[dim] * step + idx[-1]] + list(idx[dim + 1:-1]))
 
 
@@ -361,11 +373,8 @@ def slice_scatter(x: TensorBox, src: TensorBox, dim: int = 0, start: Any = None,
     aten before: a circular pad of (8, 64, 128, 128) ran 97 ms, eager 10."""
     size = x.get_size()
     dim = _dim(dim, len(size))
-    if step <= 0:
-        raise Unsupported("slice_scatter step must be positive")
+    _check_step(step, "slice_scatter")
     lo, length = _slice_bounds(size[dim], start, end, step)
-    if step != 1 and not lo.is_number:
-        raise Unsupported("slice_scatter with a step and a symbolic start")
     src_size = list(size)
     src_size[dim] = length
     src = expand_to(to_dtype(src, x.get_dtype()), src_size)
@@ -409,11 +418,12 @@ def _slice_scatter_select(x: TensorBox, src: TensorBox, dim: int, lo: Expr, leng
                                ops.lt(at, ops.index_expr(lo + step * (length - 1) + 1, torch.int64)))
         local = list(index)
         local[dim] = i - lo
-        if step != 1:  # (i + the multiple of step past lo) - lo >= 0: no negative operand
-            shifted = i + step * -(-lo // step) - lo
+        if step != 1:  # (i + the multiple of step from lo on) - lo >= 0: no negative operand
+            steps_to_lo = FloorDiv(lo + step - 1, step)
+            shifted = i + step * steps_to_lo - lo
             mask = ops.logical_and(mask, ops.eq(ops.index_expr(ModularIndexing(shifted, 1, step), torch.int64),
                                                 ops.index_expr(sympy.Integer(0), torch.int64)))
-            local[dim] = FloorDiv(shifted, step) - -(-lo // step)
+            local[dim] = FloorDiv(shifted, step) - steps_to_lo
         value = ops.masked(mask, lambda: load_src(local), 0)
         return ops.where(mask, value, load_x(index))
 
