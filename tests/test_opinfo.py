@@ -1,4 +1,4 @@
-"""Every op of PyTorch's OpInfo database with CPU float32 samples, compiled vs eager.
+"""Every op of PyTorch's OpInfo database with CPU samples of one dtype, compiled vs eager.
 
 For each op, ``op(sample.input, *sample.args, **sample.kwargs)`` is compiled with
 ``backend="minductor"`` (Dynamo makes the sample's tensors graph inputs and specializes on
@@ -6,8 +6,15 @@ everything else) and compared with eager. An op that fails must be listed in ``K
 with a reason; any other failure fails the suite.
 
 Fast by default (the first ``FAST_SAMPLES`` samples of each op); ``MINDUCTOR_OPINFO_FULL=1``
-runs every sample. ``python tests/test_opinfo.py [--full] [op names...]`` prints a
+runs every sample. ``python tests/test_opinfo.py [--full] [--dtype NAME] [op names...]`` prints a
 report instead of asserting: pass rate over (op, sample) pairs and each failure.
+
+The dtype is float32 unless ``MINDUCTOR_OPINFO_DTYPE`` (or the report's ``--dtype``) names another
+(``bfloat16``, ``float16``, ``int64``, ``bool``, ...); the ops are those supporting it on CPU.
+float16/bfloat16 results are compared with assert_close's tolerances for the dtype, and a
+mismatch is judged against a float64 reference: eager rounds after every op while a fused kernel
+computes in float32 and rounds once at the store, so the compiled result may differ from eager's
+as long as it is about as close to the exact answer (see ``_as_close_to_fp64_as_eager``).
 """
 from __future__ import annotations
 
@@ -36,7 +43,17 @@ FAST_SAMPLES = 1
 FOCUS_SAMPLES = 3
 FOCUS = re.compile(r"index|gather|take|embedding|pool|pad|where|masked_fill|clamp|tril|triu|nan_to_num|flip|div|"
                    r"remainder|fmod|bitwise|shift|getitem|^(to|bool|byte|char|short|int|long|half|bfloat16|double)$")
-DTYPE = torch.float32
+
+
+def dtype_named(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"not a torch dtype: {name!r}")
+    return dtype
+
+
+DTYPE = dtype_named(os.environ.get("MINDUCTOR_OPINFO_DTYPE", "float32"))
+LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 # Results with unspecified values: compare shape, dtype and device only.
 UNDEFINED_VALUES = frozenset({
@@ -55,12 +72,12 @@ def op_key(op: Any) -> str:
     return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
 
 
-def float32_ops() -> list[Any]:
-    return [op for op in op_db if DTYPE in op.supported_dtypes("cpu")]
+def ops_for(dtype: torch.dtype) -> list[Any]:
+    return [op for op in op_db if dtype in op.supported_dtypes("cpu")]
 
 
-def samples(op: Any, full: bool) -> Iterator[Any]:
-    gen = op.sample_inputs("cpu", DTYPE, requires_grad=False)
+def samples(op: Any, full: bool, dtype: torch.dtype) -> Iterator[Any]:
+    gen = op.sample_inputs("cpu", dtype, requires_grad=False)
     if full:
         return iter(gen)
     return itertools.islice(gen, FOCUS_SAMPLES if FOCUS.search(op.name) else FAST_SAMPLES)
@@ -124,7 +141,7 @@ def run_both(op: Any, sample: Any, run: Callable[[Callable[..., Any], Any], Any]
     return expected, actual, eager_args, compiled_args
 
 
-def check_sample(op: Any, sample: Any) -> str | None:
+def check_sample(op: Any, sample: Any, dtype: torch.dtype) -> str | None:
     """None if the compiled op matches eager on ``sample`` (or eager itself raises):
     results, and the arguments afterwards (for ops that write into them)."""
     key = op_key(op)
@@ -136,8 +153,58 @@ def check_sample(op: Any, sample: Any) -> str | None:
         _compare(key, actual, expected)
         _compare(key, _tensors(compiled_args), _tensors(eager_args))
     except AssertionError as e:
+        if dtype not in LOW_PRECISION:
+            return f"mismatch: {_first_line(str(e), 300)}"
+        return _as_close_to_fp64_as_eager(op, sample, dtype, (actual, _tensors(compiled_args)),
+                                          (expected, _tensors(eager_args)))
+    return None
+
+
+def _as_close_to_fp64_as_eager(op: Any, sample: Any, dtype: torch.dtype, actual: Any, expected: Any) -> str | None:
+    """None if every ``dtype`` tensor of ``actual`` (results, then arguments) is at most about
+    as far from a float64 reference as eager's: within twice eager's error plus one ulp of
+    ``dtype``, elementwise; other tensors must still match eager. The reference is eager run on
+    the sample with its ``dtype`` tensors upcast to float64."""
+    def upcast(t: torch.Tensor) -> torch.Tensor:
+        return t.double() if t.dtype == dtype else t
+
+    args = pytree.tree_map_only(torch.Tensor, upcast, _clone(sample))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            reference = (_call(op)(*args), _tensors(args))
+    except Exception as e:  # noqa: BLE001
+        return f"mismatch, and no float64 reference: {type(e).__name__}: {_first_line(str(e))}"
+    leaves = [pytree.tree_leaves(tree) for tree in (actual, expected, reference)]
+    if len(set(map(len, leaves))) != 1:
+        return "mismatch: the float64 reference has other outputs"
+    try:
+        for i, (a, e, r) in enumerate(zip(*leaves)):
+            if isinstance(e, torch.Tensor) and e.dtype == dtype and isinstance(r, torch.Tensor):
+                _check_error_bound(a, e, r, dtype, f"tensor {i}")
+            else:
+                torch.testing.assert_close(a, e, equal_nan=True)
+    except AssertionError as e:
         return f"mismatch: {_first_line(str(e), 300)}"
     return None
+
+
+def _check_error_bound(actual: torch.Tensor, expected: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype,
+                       what: str) -> None:
+    """|actual - reference| <= 2 |expected - reference| + one ulp of ``dtype`` at the reference,
+    elementwise (equal values, NaNs included, always pass)."""
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} vs {expected.shape}"
+    a, e, r = (t.double() for t in (actual, expected, reference.to(dtype)))
+    ulp = torch.finfo(dtype).eps * r.abs().clamp_min(torch.finfo(dtype).tiny)
+    bound = 2 * (e - reference).abs() + ulp
+    ok = (a == e) | (a.isnan() & e.isnan()) | ((a - reference).abs() <= bound)
+    if not ok.all():
+        i = (~ok).nonzero()[0].tolist()
+        worst = ((a - reference).abs() - bound).nan_to_num(float("inf")).max().item()
+        raise AssertionError(f"{what}: {int((~ok).sum())}/{ok.numel()} elements farther from float64 than eager's "
+                             f"(by up to {worst:.3g}); at {i}: compiled {a[tuple(i)].item()}, eager "
+                             f"{e[tuple(i)].item()}, float64 {reference.double()[tuple(i)].item()}")
 
 
 def _first_line(text: str, limit: int = 200) -> str:
@@ -146,18 +213,18 @@ def _first_line(text: str, limit: int = 200) -> str:
     return summary[:limit]
 
 
-def check_op(op: Any, full: bool) -> tuple[int, list[str]]:
-    """(samples run, failure messages) for ``op``."""
+def check_op(op: Any, full: bool, dtype: torch.dtype = DTYPE) -> tuple[int, list[str]]:
+    """(samples run, failure messages) for ``op`` on ``dtype`` samples."""
     count, failures = 0, []
-    for i, sample in enumerate(samples(op, full)):
+    for i, sample in enumerate(samples(op, full, dtype)):
         count += 1
-        error = check_sample(op, sample)
+        error = check_sample(op, sample, dtype)
         if error is not None:
             failures.append(f"sample {i}: {error}")
     return count, failures
 
 
-OPS = float32_ops()
+OPS = ops_for(DTYPE)
 
 
 @pytest.mark.parametrize("op", OPS, ids=op_key)
@@ -176,15 +243,21 @@ def test_known_failures_name_real_ops() -> None:
 
 def _report(argv: list[str]) -> None:
     full = "--full" in argv or FULL
+    dtype = DTYPE
+    if "--dtype" in argv:
+        at = argv.index("--dtype")
+        dtype = dtype_named(argv[at + 1])
+        argv = argv[:at] + argv[at + 2:]
     wanted = {a for a in argv if not a.startswith("--")}
-    ops = [op for op in OPS if not wanted or op_key(op) in wanted or op.name in wanted]
+    ops = [op for op in ops_for(dtype) if not wanted or op_key(op) in wanted or op.name in wanted]
+    print(f"dtype {dtype}", flush=True)
     total = passed = 0
     start = time.perf_counter()
     fallbacks: dict[str, set[str]] = {}
     for op in ops:
         t0 = time.perf_counter()
         metrics.reset()
-        count, failures = check_op(op, full)
+        count, failures = check_op(op, full, dtype)
         for name in metrics.fallback_ops:
             fallbacks.setdefault(name, set()).add(op_key(op))
         total += count
