@@ -75,6 +75,7 @@ def test_integer_arithmetic(dtype: torch.dtype) -> None:
         "floordiv": lambda a, b: t(a) // t(b),
         "remainder": lambda a, b: t(a) % t(b),
         "fmod": lambda a, b: torch.fmod(t(a), t(b)),
+        "copysign": lambda a, b: torch.copysign(t(a), t(b)),  # (in float, as atan2)
         "remainder_float_scalar": lambda a, b: t(a) % 2.5,
         "shift_left": lambda a, b: t(a) << t(b).abs(),
         "shift_right": lambda a, b: t(a) >> t(b).abs(),

@@ -274,10 +274,7 @@ def _result_dtype(a: Any, b: Any) -> torch.dtype:
     return promote([a, b], Promotion.DEFAULT)[1]
 
 
-for _aten_op, _name in [
-    (aten.maximum, "maximum"), (aten.minimum, "minimum"), (aten.copysign, "copysign"),
-    (aten.nextafter, "nextafter"),
-]:
+for _aten_op, _name in [(aten.maximum, "maximum"), (aten.minimum, "minimum"), (aten.nextafter, "nextafter")]:
     register_lowering(_aten_op)(make_pointwise(_op(_name), name=_name))
 
 
@@ -291,7 +288,7 @@ def _nan_ignoring(name: str) -> Any:
 
 register_lowering(aten.fmax)(_nan_ignoring("maximum"))
 register_lowering(aten.fmin)(_nan_ignoring("minimum"))
-for _aten_op, _name in [(aten.atan2, "atan2"), (aten.hypot, "hypot")]:
+for _aten_op, _name in [(aten.atan2, "atan2"), (aten.hypot, "hypot"), (aten.copysign, "copysign")]:
     register_lowering(_aten_op)(make_pointwise(_op(_name), Promotion.INT_TO_FLOAT, name=_name))
 for _aten_op, _name in [
     (aten.bitwise_left_shift, "left_shift"), (aten.bitwise_right_shift, "right_shift"),
