@@ -76,6 +76,7 @@ def test_integer_arithmetic(dtype: torch.dtype) -> None:
         "remainder": lambda a, b: t(a) % t(b),
         "fmod": lambda a, b: torch.fmod(t(a), t(b)),
         "copysign": lambda a, b: torch.copysign(t(a), t(b)),  # (in float, as atan2)
+        "hardtanh": lambda a, b: torch.nn.functional.hardtanh(t(a), 1.5, 70.7),  # (bounds 1 and 70)
         "remainder_float_scalar": lambda a, b: t(a) % 2.5,
         "shift_left": lambda a, b: t(a) << t(b).abs(),
         "shift_right": lambda a, b: t(a) >> t(b).abs(),

@@ -357,6 +357,10 @@ def clamp_max(x: TensorBox, max: Any) -> TensorBox:
 
 @register_lowering(aten.hardtanh)
 def hardtanh(x: TensorBox, min_val: float = -1.0, max_val: float = 1.0) -> TensorBox:
+    """clamp to bounds of ``x``'s dtype: an integer tensor stays one, its bounds truncated toward
+    zero as eager converts them (clamp's float bounds would make the result float)."""
+    if not x.get_dtype().is_floating_point:
+        min_val, max_val = int(min_val), int(max_val)
     return clamp(x, min_val, max_val)
 
 
