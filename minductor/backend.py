@@ -36,6 +36,9 @@ log = logging.getLogger("minductor")
 _EXTRA_DECOMPOSITIONS = [
     aten._softmax, aten._log_softmax, aten.native_layer_norm,
     aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit,
+    # (as fallbacks, half/bfloat16 running statistics were read as float32: the functional form's
+    # fake kernel says float32 where eager's kernel returns the input's dtype)
+    aten._batch_norm_with_update, aten._batch_norm_with_update_functional, aten._batch_norm_no_update,
     aten.native_group_norm, aten.addcdiv, aten.lerp, aten.sigmoid_backward, aten.tanh_backward,
     aten.silu_backward, aten.gelu_backward, aten.mse_loss_backward, aten.std, aten.logit,
     # (aten fallbacks before, breaking fusion: F.normalize, cosine_similarity, clip_grad_norm_)

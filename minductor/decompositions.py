@@ -14,6 +14,10 @@ every kernel recomputing the softmax rounds it alike. A division the user writes
 
 ``aten.native_group_norm`` and its backward: by the layout the input will have (a
 convolution's output is channels-last), and in that layout (``_group_norm``).
+
+``aten.linspace`` of an integer dtype: torch's decomposition computes in float32 from the
+bounds as given, where eager converts the bounds to the dtype first and steps in double
+(``linspace(4.3, -3, 50, dtype=torch.int64)`` differed in 7 elements).
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._decomp import decomposition_table
 from torch._decomp.decompositions import _softmax_unbacked_safe_amax
 
 from minductor.runtime.cache import half_in_float32
@@ -100,6 +105,33 @@ def _softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
     exp = torch.exp(computed - _softmax_unbacked_safe_amax(computed, dim))
     result = exp * torch.reciprocal(exp.sum(dim, keepdim=True))
     return result if half_to_float else result.to(x.dtype)
+
+
+_TORCH_LINSPACE = decomposition_table[aten.linspace.default]
+
+
+def _linspace(start: Any, end: Any, steps: int, *, dtype: torch.dtype | None = None, **kwargs: Any) -> torch.Tensor:
+    """As eager's CPU kernel for an integer dtype: the bounds converted to the dtype (truncated,
+    wrapped), the step in double, and the second half counted back from ``end``."""
+    if dtype is None or dtype.is_floating_point or dtype.is_complex or dtype == torch.bool or steps <= 1:
+        return _TORCH_LINSPACE(start, end, steps, dtype=dtype, **kwargs)
+    first, last = _integer_bound(start, dtype), _integer_bound(end, dtype)
+    step = (last - first) / (steps - 1)
+    index = torch.arange(steps, dtype=torch.float64, device=kwargs.get("device"))
+    return torch.where(index < steps // 2, first + step * index, last - step * (steps - 1 - index)).to(dtype)
+
+
+def _integer_bound(value: Any, dtype: torch.dtype) -> Any:
+    """A linspace bound converted to the integer ``dtype``, as a double (a tensor stays one)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype).to(torch.float64)
+    info = torch.iinfo(dtype)
+    return float((int(value) - info.min) % (1 << info.bits) + info.min)
+
+
+for _overload in (aten.linspace.default, aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar,
+                  aten.linspace.Scalar_Tensor):
+    _register(_overload)(_linspace)
 
 
 def _half_as_float(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> bool:

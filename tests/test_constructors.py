@@ -80,6 +80,21 @@ def test_arange_int64_dtype_with_float_args() -> None:
           torch.tensor(0))
 
 
+def test_linspace_integer_dtypes() -> None:
+    """Eager converts the bounds to the integer type (truncated, uint8's wrapped) and steps in
+    double, counting the second half back from the end; bounds from 0-d tensor inputs too."""
+    U8 = torch.uint8
+    check_named({
+        "i64": lambda s, e: torch.linspace(4.3, -3, 50, dtype=I64),
+        "i64_to_zero": lambda s, e: torch.linspace(4.3, 0, 50, dtype=I64),
+        "i64_halves": lambda s, e: torch.linspace(0, 7, 50, dtype=I64),
+        "i32": lambda s, e: torch.linspace(-9.7, 55.5, 101, dtype=I32),
+        "u8_wrapped": lambda s, e: torch.linspace(4.3, -3, 9, dtype=U8),
+        "tensor_bounds": lambda s, e: torch.linspace(s, e, 50, dtype=I64),
+        "tensor_start": lambda s, e: torch.linspace(s, 0, 50, dtype=I32),
+    }, torch.tensor(4.3), torch.tensor(-3.0), rtol=0, atol=0)
+
+
 def test_empty_shape_and_dtype_only() -> None:
     fn = lambda x: (torch.empty(3, 4), torch.empty_like(x), torch.empty((2,), dtype=I64),
                     torch.empty_like(x, dtype=BOOL), x.new_empty((5, 1)), torch.empty_strided((2, 3), (1, 2)))

@@ -274,10 +274,7 @@ def _result_dtype(a: Any, b: Any) -> torch.dtype:
     return promote([a, b], Promotion.DEFAULT)[1]
 
 
-for _aten_op, _name in [
-    (aten.maximum, "maximum"), (aten.minimum, "minimum"), (aten.copysign, "copysign"),
-    (aten.nextafter, "nextafter"),
-]:
+for _aten_op, _name in [(aten.maximum, "maximum"), (aten.minimum, "minimum"), (aten.nextafter, "nextafter")]:
     register_lowering(_aten_op)(make_pointwise(_op(_name), name=_name))
 
 
@@ -291,7 +288,7 @@ def _nan_ignoring(name: str) -> Any:
 
 register_lowering(aten.fmax)(_nan_ignoring("maximum"))
 register_lowering(aten.fmin)(_nan_ignoring("minimum"))
-for _aten_op, _name in [(aten.atan2, "atan2"), (aten.hypot, "hypot")]:
+for _aten_op, _name in [(aten.atan2, "atan2"), (aten.hypot, "hypot"), (aten.copysign, "copysign")]:
     register_lowering(_aten_op)(make_pointwise(_op(_name), Promotion.INT_TO_FLOAT, name=_name))
 for _aten_op, _name in [
     (aten.bitwise_left_shift, "left_shift"), (aten.bitwise_right_shift, "right_shift"),
@@ -360,6 +357,10 @@ def clamp_max(x: TensorBox, max: Any) -> TensorBox:
 
 @register_lowering(aten.hardtanh)
 def hardtanh(x: TensorBox, min_val: float = -1.0, max_val: float = 1.0) -> TensorBox:
+    """clamp to bounds of ``x``'s dtype: an integer tensor stays one, its bounds truncated toward
+    zero as eager converts them (clamp's float bounds would make the result float)."""
+    if not x.get_dtype().is_floating_point:
+        min_val, max_val = int(min_val), int(max_val)
     return clamp(x, min_val, max_val)
 
 

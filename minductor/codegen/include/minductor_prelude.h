@@ -612,8 +612,12 @@ template <typename T> static inline bool mi_isinf(T v) {
     if constexpr (mi_is_float<T>::value) return __builtin_isinf(v);
     else return false;
 }
+// The sign bit read from the bits: GCC 12 vectorizing __builtin_signbit of floats widened from
+// bfloat16 (its bits shifted into a float's high half) stopped with an internal compiler error
+// (an unrecognizable vector shift), so torch.signbit of any bfloat16 tensor failed to compile.
 template <typename T> static inline bool mi_signbit(T v) {
-    if constexpr (mi_is_float<T>::value) return __builtin_signbit(v);
+    if constexpr (mi_same<T, float>::value) return __builtin_bit_cast(uint32_t, v) >> 31;
+    else if constexpr (mi_same<T, double>::value) return __builtin_bit_cast(uint64_t, v) >> 63;
     else return v < 0;
 }
 
