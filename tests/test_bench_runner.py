@@ -88,6 +88,24 @@ def test_a_dump_holding_tensor_constants_runs_standalone_and_under_the_runner(tm
     assert proc.returncode == 0 and "whole graph" in proc.stdout, proc.stderr[-3000:]
 
 
+def test_the_runner_times_a_dump_whose_random_indices_fall_out_of_range(tmp_path) -> None:
+    """An index input that random integers overflow (16 indices into a 2-row table: all of them in
+    range once in 4^16 draws) runs with integer inputs zero, and the runner says so, instead of
+    stopping at an IndexError."""
+    import subprocess
+    import sys
+
+    from minductor import config
+
+    table, index = torch.randn(2, 64), torch.randint(0, 2, (16,))
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        got = torch.compile(lambda t, i: t[i] * 2, backend="minductor")(table, index)
+    torch.testing.assert_close(got, table[index] * 2)
+    proc = subprocess.run([sys.executable, "-m", "minductor.bench", "--dump", str(tmp_path), "--min-run-time", "0.05"],  # noqa: PLW1510
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "integer inputs zero" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
 def test_kernel_bytes_follow_the_signature() -> None:
     """y = f(x) moves 2 x size (one read, one write); a kernel storing over the input it read
     (in_out_ptr) moves 2 x size too, all of it read and written; % of bandwidth is GB/s over it."""
