@@ -115,3 +115,22 @@ def test_complex_mixed_with_real_inputs() -> None:
 def test_complex_from_real_ops() -> None:
     x, y = torch.randn(6), torch.randn(6)
     check(lambda x, y: (torch.complex(x.sin(), y) * 2).abs() + 1, x, y)
+
+
+@torch.library.custom_op("minductor_test::halves", mutates_args=())
+def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return (x / 2).double(), x / 2  # the first in float64, not what its fake kernel says
+
+
+@_halves.register_fake
+def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+def test_a_fallback_of_another_dtype_than_its_fake_kernel_says_is_a_clear_error() -> None:
+    """A fallback whose real kernel returns another dtype than its fake (meta) kernel, which the
+    graph was planned with, stops with an error naming the op: its bytes read as the planned dtype
+    were garbage (bfloat16 batch norm statistics read as float32)."""
+    fn = torch.compile(lambda x: [h * 3 for h in torch.ops.minductor_test.halves(x + 1)], backend="minductor")
+    with pytest.raises(RuntimeError, match=r"minductor_test.halves.* returned torch.float64 where its fake kernel said torch.float32"):
+        fn(torch.randn(8))

@@ -33,7 +33,8 @@ from minductor.scheduler import Scheduler
 from minductor.scheduler.nodes import ExternSchedulerNode, FusedGroup
 
 # runtime/helpers.py functions every wrapper module imports (extern calls may name them as ops)
-WRAPPER_HELPERS = ("assert_size_stride", "check_index_error", "mm_onednn", "reinterpret_tensor", "restride")
+WRAPPER_HELPERS = ("assert_size_stride", "check_dtype", "check_index_error", "mm_onednn", "reinterpret_tensor",
+                   "restride")
 
 
 class WrapperCodegenError(Exception):
@@ -245,6 +246,8 @@ def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode, graph: Any) -> Non
     node = unit.node
     if isinstance(node, MultiOutput):
         body.writeline(f"{node.name} = {node.parent.name}{''.join(f'[{i}]' for i in node.indices)}")
+        if isinstance(node.parent, FallbackKernel):
+            _check_dtype(body, node, node.parent.op)
         _restride(body, node)
         return
     assert isinstance(node, ExternKernel)
@@ -261,7 +264,15 @@ def _extern_call(body: CodeBuffer, unit: ExternSchedulerNode, graph: Any) -> Non
     else:
         assert isinstance(node, FallbackKernel)
         body.writeline(f"{node.name} = {op}({', '.join(args + kwargs)})  # fallback")
+        _check_dtype(body, node, node.op)
         _restride(body, node)
+
+
+def _check_dtype(body: CodeBuffer, node: Any, op: Any) -> None:
+    """A fallback's tensor result checked against the dtype the graph planned for it."""
+    lay = getattr(node, "layout", None)
+    if lay is not None:
+        body.writeline(f"check_dtype({node.name}, {lay.dtype}, {str(op)!r})")
 
 
 def _restride(body: CodeBuffer, node: Any) -> None:

@@ -95,6 +95,17 @@ def print_call_time(call: Callable[[list[Any]], Any], make_inputs: Callable[[], 
     print(f"{median * 1e3:.3f} ms per call (median)")
 
 
+def check_dtype(t: torch.Tensor, dtype: torch.dtype, op: str) -> torch.Tensor:
+    """``t``, an aten fallback's result, when of the dtype the graph was compiled for. The graph
+    takes a fallback's dtype from the op's fake (meta) kernel; where that disagrees with the
+    real kernel (``_batch_norm_with_update`` on bfloat16 once said float32 statistics), the
+    kernels after it would read its bytes as the other dtype: a clear error instead."""
+    if t.dtype != dtype:
+        raise RuntimeError(f"minductor: aten fallback {op} returned {t.dtype} where its fake kernel said {dtype}; "
+                           "the graph cannot read it. Please report it; backend='aot_eager' runs this graph meanwhile")
+    return t
+
+
 def check_index_error(flag: torch.Tensor, kernel: str) -> None:
     """Raise eager's error when a kernel flagged one: 1 = an out-of-range index (gather, index,
     scatter...), 2 = an integer division by zero."""
