@@ -27,6 +27,7 @@ import torch.utils._pytree as pytree
 
 
 pytest.importorskip("expecttest", reason="the OpInfo database imports expecttest")
+import test_opinfo  # noqa: E402
 from test_opinfo import (  # noqa: E402
     DTYPE, DYNAMIC, LOW_PRECISION, UNDEFINED_VALUES, _as_close_to_fp64_as_eager, _first_line, op_key, run_both,
 )
@@ -117,6 +118,28 @@ def test_op_gradient_matches_eager(op: Any) -> None:
     if failure and key in known:
         pytest.xfail(known[key])
     assert failure is None, f"{key}'s gradient fails (add it to KNOWN_FAILURES with a reason, or fix it): {failure}"
+
+
+# A few gradients in each other mode the whole database was swept in (MINDUCTOR_OPINFO_DTYPE,
+# MINDUCTOR_OPINFO_DYNAMIC), among them ops those sweeps found wrong.
+OTHER_MODES: list[tuple[torch.dtype, bool, str]] = [
+    (torch.float32, True, "fft.fftshift"), (torch.float32, True, "fft.ifftshift"), (torch.float32, True, "roll"),
+    (torch.float32, True, "nn.functional.layer_norm"), (torch.float32, True, "cummax"),
+    (torch.bfloat16, False, "cummax"), (torch.bfloat16, False, "cummin"), (torch.bfloat16, False, "scatter_add"),
+    (torch.bfloat16, False, "softmax"), (torch.bfloat16, False, "nn.functional.layer_norm"),
+]
+
+
+@pytest.mark.parametrize("dtype, dynamic, key", OTHER_MODES,
+                         ids=[f"{key}-{str(dtype).removeprefix('torch.')}{'-dynamic' * dynamic}"
+                              for dtype, dynamic, key in OTHER_MODES])
+def test_op_gradient_matches_eager_in_other_modes(dtype: torch.dtype, dynamic: bool, key: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(test_opinfo, "DYNAMIC", dynamic)
+    op = next(op for op in op_db if op_key(op) == key)
+    assert dtype in op.supported_backward_dtypes("cpu")
+    failure = check_op(op, dtype)
+    assert failure is None, f"{key}'s gradient fails in {dtype}{' with dynamic shapes' * dynamic}: {failure}"
 
 
 def test_known_failures_name_real_ops() -> None:
