@@ -524,6 +524,16 @@ def test_roll_by_symbolic_shifts_of_either_sign() -> None:
             torch.testing.assert_close(got, ref, msg=lambda m, n=name: f"{n}'s gradient: {m}")
 
 
+def test_roll_by_an_integer_argument_of_either_sign() -> None:
+    """Under ``dynamic=True`` an int argument is a symbol too, and unlike a size it may be
+    negative: a roll by it (``roll(x, -1, 0)``) was taken for a nonnegative shift and read
+    before the tensor."""
+    compiled = torch.compile(lambda t, s: t.roll(s, 0) * 2, backend="minductor", dynamic=True)
+    for shift, n in ((-1, 5), (2, 5), (-7, 6), (3, 4)):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(compiled(x, shift), x.roll(shift, 0) * 2, msg=lambda m, s=shift: f"{s}: {m}")
+
+
 def test_arange_with_symbolic_bounds_counts_down_and_from_a_symbolic_start() -> None:
     """XLNet's relative positions ``arange(t, -t, -1.0, dtype=int64)`` over a dynamic length:
     a negative (or integral float) step fell back to aten, and a symbolic start failed to
