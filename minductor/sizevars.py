@@ -81,6 +81,8 @@ class SizeVars:
     def __init__(self, example_inputs: Any) -> None:
         self.var_to_val: dict[sympy.Symbol, sympy.Integer] = {}
         self.lower: dict[sympy.Symbol, int] = {}  # each size symbol's lower bound (Dynamo: 2 once 0 and 1 specialize)
+        # symbols that may be negative: integer arguments made dynamic (a roll's shift), not sizes
+        self.signed: set[sympy.Symbol] = set()
         self.shape_env: Any = None
         for x in example_inputs:
             env = _shape_env(x)
@@ -90,8 +92,10 @@ class SizeVars:
                 values = env.var_to_val if values is None else values
                 self.var_to_val = {k: sympy.Integer(int(v)) for k, v in values.items()}
                 for k, r in getattr(env, "var_to_range", {}).items():
-                    if sympy.sympify(r.lower).is_Integer:  # (not -oo: an unbounded symbol)
-                        self.lower[k] = max(int(r.lower), 0)
+                    if not sympy.sympify(r.lower).is_nonnegative:
+                        self.signed.add(k)
+                    elif sympy.sympify(r.lower).is_Integer:
+                        self.lower[k] = int(r.lower)
                 break
 
     def simplify(self, expr: Any) -> sympy.Expr:
@@ -106,9 +110,11 @@ class SizeVars:
 
     def provably_nonnegative(self, expr: Any) -> bool:
         """Whether ``expr`` is >= 0 for every size its symbols may take (their lower bounds
-        kept); False when SymPy cannot tell. For choices that must hold at every size, such as
-        leaving out a bounds check."""
+        kept); False when SymPy cannot tell, or when a symbol may be negative. For choices that
+        must hold at every size, such as leaving out a bounds check."""
         expr = sympy.sympify(expr)
+        if size_symbols(expr) & self.signed:
+            return False
         over = {s: index_symbol(f"{s.name}_over") + self.lower.get(s, 0) for s in size_symbols(expr)}
         return bool(sympy.expand(expr.xreplace(over)).is_nonnegative)
 

@@ -507,6 +507,33 @@ def test_arange_to_a_symbolic_size_is_int64() -> None:
             torch.testing.assert_close(got, ref, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def test_roll_by_symbolic_shifts_of_either_sign() -> None:
+    """A roll by ``-(s0 // 2)`` (fftshift's backward) was taken modulo the size with C's ``%``,
+    which keeps the sign: it read before the tensor. A shift of either sign (``s0 - 5``) goes to
+    aten."""
+    fns = {"neg": lambda t: t.roll(-(t.shape[0] // 2), 0) * 2, "pos": lambda t: t.roll(t.shape[1] // 2, 1) * 2,
+           "either": lambda t: t.roll(t.shape[0] - 5, 0) * 2, "fftshift": lambda t: torch.fft.fftshift(t) * 2}
+    compiled = {name: torch.compile(fn, backend="minductor", dynamic=True) for name, fn in fns.items()}
+    for shape in ((9, 10), (4, 7), (6, 3)):
+        x = torch.randn(shape, requires_grad=True)
+        grad = torch.randn(shape)
+        for name, fn in fns.items():
+            torch.testing.assert_close(compiled[name](x), fn(x), msg=lambda m, n=name: f"{n}: {m}")
+            got, = torch.autograd.grad(compiled[name](x), x, grad)
+            ref, = torch.autograd.grad(fn(x), x, grad)
+            torch.testing.assert_close(got, ref, msg=lambda m, n=name: f"{n}'s gradient: {m}")
+
+
+def test_roll_by_an_integer_argument_of_either_sign() -> None:
+    """Under ``dynamic=True`` an int argument is a symbol too, and unlike a size it may be
+    negative: a roll by it (``roll(x, -1, 0)``) was taken for a nonnegative shift and read
+    before the tensor."""
+    compiled = torch.compile(lambda t, s: t.roll(s, 0) * 2, backend="minductor", dynamic=True)
+    for shift, n in ((-1, 5), (2, 5), (-7, 6), (3, 4)):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(compiled(x, shift), x.roll(shift, 0) * 2, msg=lambda m, s=shift: f"{s}: {m}")
+
+
 def test_arange_with_symbolic_bounds_counts_down_and_from_a_symbolic_start() -> None:
     """XLNet's relative positions ``arange(t, -t, -1.0, dtype=int64)`` over a dynamic length:
     a negative (or integral float) step fell back to aten, and a symbolic start failed to

@@ -178,20 +178,27 @@ def check_sample(op: Any, sample: Any, dtype: torch.dtype) -> str | None:
     return None
 
 
-def _as_close_to_fp64_as_eager(op: Any, sample: Any, dtype: torch.dtype, actual: Any, expected: Any) -> str | None:
-    """None if every ``dtype`` tensor of ``actual`` (results, then arguments) is at most about
-    as far from a float64 reference as eager's: within twice eager's error plus one ulp of
-    ``dtype``, elementwise; other tensors must still match eager. The reference is eager run on
-    the sample with its ``dtype`` tensors upcast to float64."""
+def _results_and_args(fn: Callable[..., Any], args: Any) -> tuple[Any, list[torch.Tensor]]:
+    return fn(*args), _tensors(args)
+
+
+def _as_close_to_fp64_as_eager(op: Any, sample: Any, dtype: torch.dtype, actual: Any, expected: Any,
+                               run: Callable[[Callable[..., Any], Any], Any] = _results_and_args) -> str | None:
+    """None if every ``dtype`` tensor of ``actual`` (by default results, then arguments: what
+    ``run(fn, args)`` returns) is at most about as far from a float64 reference as eager's: within
+    twice eager's error plus one ulp of ``dtype``, elementwise; other tensors must still match
+    eager. The reference is ``run`` with eager's op on the sample with its ``dtype`` tensors upcast
+    to float64."""
     def upcast(t: torch.Tensor) -> torch.Tensor:
-        return t.double() if t.dtype == dtype else t
+        # detached, so that a leaf that requires grad stays one
+        return t.detach().double().requires_grad_(t.requires_grad) if t.dtype == dtype else t
 
     args = pytree.tree_map_only(torch.Tensor, upcast, _clone(sample))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.manual_seed(0)
-            reference = (_call(op)(*args), _tensors(args))
+            reference = run(_call(op), args)
     except Exception as e:  # noqa: BLE001
         return f"mismatch, and no float64 reference: {type(e).__name__}: {_first_line(str(e))}"
     leaves = [pytree.tree_leaves(tree) for tree in (actual, expected, reference)]

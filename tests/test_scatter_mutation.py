@@ -179,6 +179,28 @@ def test_scatter_reduce_every_mode(include_self: bool, dtype: torch.dtype) -> No
     assert not metrics.fallback_ops, metrics.fallback_ops
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_scatter_sums_16_bit_floats_in_float32_like_eager(dtype: torch.dtype) -> None:
+    """Eager's scatter_add (scatter_reduce's sum and mean, scatter's reduce="add") into float16
+    or bfloat16 sums in float32 and rounds once (a mean: its sum, then the quotient). Summed in
+    the 16-bit buffer, each addition rounded: cummax's backward was far off where cotangents
+    cancelled. Values of a few sizes that mostly cancel, many to a position: bit for bit."""
+    torch.manual_seed(0)
+    x = (torch.randn(3, 40) * 4).to(dtype)
+    src = (torch.randn(60, 40) * torch.logspace(-2, 2, 60)[:, None]).to(dtype)
+    index = torch.randint(0, 3, (60, 40))
+
+    def fn(x: torch.Tensor, i: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x.scatter_add(0, i, s), torch.zeros_like(x).scatter_add(0, i, s),
+                x.scatter_reduce(0, i, s, "sum", include_self=False), x.scatter_reduce(0, i, s, "mean"),
+                x.scatter(0, i, 0.3, reduce="add"))
+
+    expected = fn(x, index, src)
+    actual = torch.compile(fn, backend="minductor")(x, index, src)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert a.dtype == dtype and torch.equal(a, e), (i, (a.float() - e.float()).abs().max())
+
+
 def _cpp_source(tmp_path: Any, fn: Callable[..., Any], *args: torch.Tensor) -> str:
     from minductor import config
 

@@ -340,13 +340,23 @@ def roll(x: TensorBox, shifts: Any, dims: Any = ()) -> TensorBox:
 
 def _shift_within(shift: Any, n: Expr) -> Expr:
     """``shift`` taken into ``[0, n]`` (``n`` rolls as 0 does) for a dim of ``n`` elements, also
-    symbolic ones (the printer knows ``ModularIndexing`` of a nonnegative value, not ``Mod``)."""
+    symbolic ones. The printer knows ``ModularIndexing`` of a nonnegative value only (C's ``%``
+    keeps the sign), so a shift is taken modulo ``n`` by its sign, which must hold at every size:
+    the backward of ``fftshift`` rolls by ``-(s0 // 2)``. A shift of either sign goes to aten."""
     shift = sympy.sympify(shift)
     if shift.is_number and n.is_number:
         return sympy.Integer(int(shift) % int(n))
-    if shift.is_number and int(shift) < 0:
+    if _never_negative(shift):
+        return ModularIndexing(shift, 1, n)
+    if _never_negative(-shift):
         return n - ModularIndexing(-shift, 1, n)
-    return ModularIndexing(shift, 1, n)
+    raise Unsupported(f"roll by {shift}, negative at some sizes and not at others")
+
+
+def _never_negative(expr: Expr) -> bool:
+    from minductor.virtualized import V
+
+    return bool(expr >= 0) if expr.is_number else V.graph.sizevars.provably_nonnegative(expr)
 
 
 @register_lowering(aten.repeat)
