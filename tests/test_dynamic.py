@@ -525,6 +525,21 @@ def test_arange_with_symbolic_bounds_counts_down_and_from_a_symbolic_start() -> 
     assert not metrics.fallback_ops
 
 
+def test_arange_with_a_symbolic_bound_and_a_float_one_rounds_its_length_up() -> None:
+    """``arange(t, 10.5)`` over a symbolic ``t`` has ``ceil(10.5 - t)`` elements: the length
+    was the span ``10.5 - t`` itself, a float size that failed to compile."""
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t = x.shape[0]
+        return (torch.arange(t, 10.5, dtype=torch.float32), torch.arange(0.5, t, 2),
+                torch.arange(t, -2.5, -2, dtype=torch.float64))
+
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for t in (3, 4, 7):
+        x = torch.randn(t)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert not metrics.fallback_ops
+
+
 @pytest.mark.parametrize("name", ["interpolate_nearest", "interpolate_bilinear", "mse_loss", "group_norm"])
 def test_size_arithmetic_in_floats_and_symbolic_fill_values(name: str) -> None:
     """Interpolation by a scale factor sizes its output as ``TruncToInt(1.5*ToFloat(s0))``, which
