@@ -13,7 +13,7 @@ from typing import Any
 import sympy
 import torch
 
-from minductor.ir.indexing import index_symbol
+from minductor.ir.indexing import FloorDiv, index_symbol
 
 SIZE_SYMBOL = re.compile(r"^[su]\d+$")
 # symbols a kernel takes as int64 arguments: Dynamo's sizes, and graph inputs' storage offsets
@@ -38,7 +38,7 @@ def to_expr(value: Any) -> sympy.Expr:
 
 def from_torch_sympy(expr: sympy.Expr) -> sympy.Expr:
     """Replace torch's SymPy functions (FloorDiv, Max, ...) by minductor's equivalents."""
-    from minductor.ir.indexing import FloorDiv, ModularIndexing
+    from minductor.ir.indexing import ModularIndexing
 
     if not expr.args:
         return expr
@@ -57,13 +57,20 @@ def from_torch_sympy(expr: sympy.Expr) -> sympy.Expr:
     if name == "FloatTrueDiv" and len(args) == 2:
         return args[0] / args[1]
     if name in ("TruncToInt", "FloorToInt", "CeilToInt") and len(args) == 1:
-        exact = args[0].xreplace({f: sympy.nsimplify(f, rational=True) for f in args[0].atoms(sympy.Float)})
-        numerator, denominator = sympy.fraction(sympy.together(exact))
-        if denominator == 1:
-            return numerator
         # sizes are non-negative, so truncation is the floor
-        return FloorDiv(numerator + denominator - 1 if name == "CeilToInt" else numerator, denominator)
+        return round_exactly(args[0], up=name == "CeilToInt")
     return expr.func(*args)
+
+
+def round_exactly(value: sympy.Expr, up: bool) -> sympy.Expr:
+    """The floor (ceiling if ``up``) of ``value``, an expression of integer symbols and
+    constants, as an integer expression: its floats read as the decimals they print as
+    (``3.1`` as ``31/10``), so the division is exact and rounds once, in one FloorDiv."""
+    exact = value.xreplace({f: sympy.nsimplify(f, rational=True) for f in value.atoms(sympy.Float)})
+    numerator, denominator = sympy.fraction(sympy.together(exact))
+    if denominator == 1:
+        return numerator
+    return FloorDiv(numerator + denominator - 1 if up else numerator, denominator)
 
 
 def is_size_symbol(sym: sympy.Symbol) -> bool:

@@ -552,6 +552,36 @@ def test_arange_with_symbolic_bounds_counts_down_and_from_a_symbolic_start() -> 
     assert not metrics.fallback_ops
 
 
+def test_arange_with_a_symbolic_bound_and_a_float_one_rounds_its_length_up() -> None:
+    """``arange(t, 10.5)`` over a symbolic ``t`` has ``ceil(10.5 - t)`` elements: the length
+    was the span ``10.5 - t`` itself, a float size that failed to compile."""
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t = x.shape[0]
+        return (torch.arange(t, 10.5, dtype=torch.float32), torch.arange(0.5, t, 2),
+                torch.arange(t, -2.5, -2, dtype=torch.float64))
+
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for t in (3, 4, 7):
+        x = torch.randn(t)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert not metrics.fallback_ops
+
+
+@pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0:UserWarning")
+def test_var_of_a_symbolic_count_with_a_fractional_or_symbolic_correction() -> None:
+    """``var(x, 1, correction=1.3)`` divides by ``n - 1.3``: over a symbolic ``n`` that was
+    the integer ``n - 1`` (wrong values), and an integer correction passed as an argument (a
+    symbol under dynamic=True) failed to compile."""
+    def fn(x: torch.Tensor, c: int) -> tuple[torch.Tensor, ...]:
+        return (*torch.var_mean(x, 1, correction=1.3), x.var(None, correction=c), x.std((0, 2), correction=0.5),
+                x.var(2, correction=9.5, keepdim=True))
+
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for shape, c in (((5, 6, 7), 2), ((4, 3, 9), -1), ((2, 5, 3), 40)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x, c), fn(x, c), equal_nan=True)
+
+
 @pytest.mark.parametrize("name", ["interpolate_nearest", "interpolate_bilinear", "mse_loss", "group_norm"])
 def test_size_arithmetic_in_floats_and_symbolic_fill_values(name: str) -> None:
     """Interpolation by a scale factor sizes its output as ``TruncToInt(1.5*ToFloat(s0))``, which

@@ -327,6 +327,17 @@ def test_reflection_replication_pad_with_symbolic_widths(mode: str, dynamic: boo
         torch.testing.assert_close(compiled(x, pad), fn(x, pad), **EXACT)
 
 
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+def test_reflection_replication_pad_of_symbolic_sizes(mode: str) -> None:
+    """Constant widths around dims of symbolic size (stft centering a signal of dynamic
+    length) lower, forward and backward: the padded sizes were made SymPy Integers, and
+    reflection's check that the widths are below the size compared a symbol."""
+    metrics.reset()
+    check_dynamic(lambda t: F.pad(t, (1, 2, 3, 0), mode=mode) * 2, DYNAMIC_SHAPES)
+    metrics.reset()
+    check_dynamic(lambda t: F.pad(t[0], (3, 2), mode=mode) - 1, DYNAMIC_SHAPES)
+
+
 def test_pool_fuses_with_neighbours() -> None:
     """A pool reads its producer through masked loads: relu -> pad -> pool is one kernel."""
     fn = torch.compile(lambda t: F.avg_pool2d(F.pad(t.relu(), (1, 1, 1, 1)), 3, 2), backend="minductor")

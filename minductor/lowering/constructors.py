@@ -8,7 +8,6 @@ import sympy
 import torch
 
 from minductor import config
-from minductor.ir.indexing import FloorDiv
 from minductor.ir.layout import FixedLayout, FlexibleLayout, channels_last_order
 from minductor.ir.nodes import ComputedBuffer, Pointwise, TensorBox
 from minductor.ir.ops import ops
@@ -26,6 +25,7 @@ from minductor.lowering.registry import (
     to_dtype,
 )
 from minductor.lowering.views import unsqueeze
+from minductor.sizevars import round_exactly
 from minductor.virtualized import V
 
 Expr = sympy.Expr
@@ -156,8 +156,8 @@ def arange(*args: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> Tenso
             step = int(step)  # XLNet: arange(beg, end, -1.0, dtype=int64) over a dynamic length
         if not isinstance(step, int) or step == 0:
             raise Unsupported(f"arange with a symbolic bound needs a nonzero integer step, got {step!r}")
-        span, stride = (sympy.sympify(end) - sympy.sympify(start)) * (1 if step > 0 else -1), abs(step)
-        length = span if stride == 1 else FloorDiv(span + stride - 1, stride)
+        # a float bound (Dynamo specializes on floats) makes the span fractional: arange(s, 3.1) has 4 - s
+        length = round_exactly((sympy.sympify(end) - sympy.sympify(start)) / step, up=True)
     else:
         import math
 

@@ -10,15 +10,16 @@ import sympy
 from minductor.ir.nodes import TensorBox
 from minductor.ir.ops import ops
 from minductor.lowering.registry import Unsupported, aten, register_lowering
-from minductor.lowering.windows import I64, _gather_sum, _in_range, _pointwise, _spatial
+from minductor.lowering.windows import I64, _at_hint, _gather_sum, _in_range, _pointwise, _spatial
 
 Expr = sympy.Expr
 
 
-def _sides(x: TensorBox, padding: Sequence[Any], n: int, name: str) -> tuple[list[int], list[int], list[int]]:
+def _sides(x: TensorBox, padding: Sequence[Any], n: int, name: str) -> tuple[list[Expr], list[int], list[int]]:
     """The sizes of ``x``'s last ``n`` dims and the padding before and after each (``padding``
-    lists the last dim's first, as ``F.pad`` does). Sizes and padding must be numbers (the
-    index math is for ints; a padding passed in is symbolic under dynamic shapes)."""
+    lists the last dim's first, as ``F.pad`` does). The padding must be numbers (the lowerings
+    branch on which sides are padded; a padding passed in is symbolic under dynamic shapes);
+    the sizes may be symbolic (stft's centering pads a signal of dynamic length)."""
     sizes = _spatial(x, n, name)
     if not all(sympy.sympify(p).is_Integer for p in padding):
         raise Unsupported(f"{name} with symbolic padding {list(padding)}")
@@ -29,7 +30,7 @@ def _sides(x: TensorBox, padding: Sequence[Any], n: int, name: str) -> tuple[lis
 
 
 def _index_pad(x: TensorBox, padding: Sequence[Any], n: int, name: str,
-               source: Callable[[Expr, int], tuple[Expr, Expr]]) -> TensorBox:
+               source: Callable[[Expr, Expr], tuple[Expr, Expr]]) -> TensorBox:
     """``x`` padded along its last ``n`` dims, the border read from ``source(i, size)``: for
     position ``i = out - pad`` of a dim of ``size``, the source below 0 and from ``size`` on.
     The last dim is a select of three masked loads (below, inside, above) whose tests the C++
@@ -40,12 +41,12 @@ def _index_pad(x: TensorBox, padding: Sequence[Any], n: int, name: str,
     2.9 ms against the tables' 1.5."""
     in_sizes, lows, highs = _sides(x, padding, n, name)
     lead = len(x.get_size()) - n
-    size = list(x.get_size()[:-n]) + [sympy.Integer(i + lo + hi) for i, lo, hi in zip(in_sizes, lows, highs)]
+    size = list(x.get_size()[:-n]) + [i + lo + hi for i, lo, hi in zip(in_sizes, lows, highs)]
     load = x.make_loader()
 
     def tests(i: Expr, d: int) -> tuple[Any, Any]:
         return (ops.lt(ops.index_expr(i, I64), ops.index_expr(sympy.Integer(0), I64)),
-                ops.ge(ops.index_expr(i, I64), ops.index_expr(sympy.Integer(in_sizes[d]), I64)))
+                ops.ge(ops.index_expr(i, I64), ops.index_expr(in_sizes[d], I64)))
 
     def inner_fn(index: Sequence[Expr]) -> Any:
         at = list(index)
@@ -55,7 +56,7 @@ def _index_pad(x: TensorBox, padding: Sequence[Any], n: int, name: str,
                 below, above = tests(i, d)
                 below_at, above_at = (ops.index_expr(e, I64) for e in source(i, in_sizes[d]))
                 position = ops.where(below, below_at, ops.where(above, above_at, ops.index_expr(i, I64)))
-                at[lead + d] = ops.indirect_indexing(position, sympy.Integer(in_sizes[d]), check=False, wrap=False)
+                at[lead + d] = ops.indirect_indexing(position, in_sizes[d], check=False, wrap=False)
         last = n - 1
         if not (lows[last] or highs[last]):
             return load(at)
@@ -73,20 +74,21 @@ def _index_pad(x: TensorBox, padding: Sequence[Any], n: int, name: str,
     return _pointwise(x, x.get_dtype(), inner_fn, size, name)
 
 
-def _reflect(i: Expr, size: int) -> tuple[Expr, Expr]:
+def _reflect(i: Expr, size: Expr) -> tuple[Expr, Expr]:
     """Mirrored about the first and the last element: -k reads k, size-1+k reads size-1-k."""
     return -i, 2 * (size - 1) - i
 
 
-def _replicate(i: Expr, size: int) -> tuple[Expr, Expr]:
-    return sympy.Integer(0), sympy.Integer(size - 1)
+def _replicate(i: Expr, size: Expr) -> tuple[Expr, Expr]:
+    return sympy.Integer(0), size - 1
 
 
 def _reflection(n: int) -> Callable[[TensorBox, Sequence[Any]], TensorBox]:
     def lowering(x: TensorBox, padding: Sequence[Any]) -> TensorBox:
         name = f"reflection_pad{n}d"
         sizes, lows, highs = _sides(x, padding, n, name)
-        if any(max(lo, hi) >= size for size, lo, hi in zip(sizes, lows, highs)):
+        # (a symbolic size at its hint: tracing raised as eager does, or guarded the sizes)
+        if not all(_at_hint(size - 1 - max(lo, hi)) for size, lo, hi in zip(sizes, lows, highs)):
             raise Unsupported("reflection padding as large as the input (eager raises)")
         return _index_pad(x, padding, n, name, _reflect)
 

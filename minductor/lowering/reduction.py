@@ -9,6 +9,7 @@ import torch
 
 from minductor.ir.nodes import Pointwise, Reduction, TensorBox
 from minductor.ir.ops import ops
+from minductor.lowering.constructors import full_of
 from minductor.lowering.pointwise import add, clamp_min, div, mul, sub
 from minductor.lowering.registry import Unsupported, aten, register_lowering, to_dtype
 from minductor.lowering.views import view
@@ -257,29 +258,31 @@ def _welford(x: TensorBox, dims: Any, keepdim: bool) -> tuple[TensorBox, TensorB
     return mean_, m2, count
 
 
-def _correction(correction: Any, unbiased: Any = None) -> float:
-    if correction is None:
-        return 1.0 if unbiased is None or unbiased else 0.0
-    return float(correction)
-
-
 @register_lowering(aten.var.correction)
 def var(x: TensorBox, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> TensorBox:
     _, m2, count = _welford(x, dims, keepdim)
-    return div(m2, _dof(count, correction))
+    return div(m2, _dof(count, correction, m2))
 
 
 @register_lowering(aten.var_mean.correction)
 def var_mean(x: TensorBox, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> tuple[TensorBox, TensorBox]:
     mean_, m2, count = _welford(x, dims, keepdim)
-    return div(m2, _dof(count, correction)), mean_
+    return div(m2, _dof(count, correction, m2)), mean_
 
 
-def _dof(count: Expr, correction: Any) -> Any:
-    """Degrees of freedom, ``max(count - correction, 0)``, as a number or a size expression."""
-    if count.is_number:
-        return max(float(count) - _correction(correction), 0.0)
-    return sympy.Max(count - int(_correction(correction)), 0)
+def _dof(count: Expr, correction: Any, m2: TensorBox) -> Any:
+    """Degrees of freedom, ``max(count - correction, 0)``: a number, a size expression (an
+    integral correction, which Dynamo may pass as a symbol), or, for a fractional correction
+    of a symbolic count, a scalar tensor of ``m2``'s dtype computed in the kernel (a size
+    expression is an integer: ``count - 1.3`` in one truncated the correction)."""
+    correction = sympy.sympify(1 if correction is None else correction)
+    if correction.is_number and float(correction).is_integer():
+        correction = sympy.Integer(int(correction))
+    if count.is_number and correction.is_number:
+        return max(float(count) - float(correction), 0.0)
+    if correction.is_integer:
+        return sympy.Max(count - correction, 0)
+    return clamp_min(sub(full_of([], count, m2.get_dtype(), m2.get_device()), float(correction)), 0.0)
 
 
 __all__ = ["make_reduction", "mul", "sub"]
