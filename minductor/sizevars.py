@@ -117,8 +117,8 @@ class SizeVars:
 
     def provably_nonnegative(self, expr: Any) -> bool:
         """Whether ``expr`` is >= 0 for every size its symbols may take (their lower bounds
-        kept); False when SymPy cannot tell, or when a symbol may be negative. For choices that
-        must hold at every size, such as leaving out a bounds check."""
+        kept; a number: its sign); False when SymPy cannot tell, or when a symbol may be
+        negative. For choices that must hold at every size, such as leaving out a bounds check."""
         expr = sympy.sympify(expr)
         if size_symbols(expr) & self.signed:
             return False

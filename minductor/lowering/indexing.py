@@ -346,17 +346,14 @@ def _shift_within(shift: Any, n: Expr) -> Expr:
     shift = sympy.sympify(shift)
     if shift.is_number and n.is_number:
         return sympy.Integer(int(shift) % int(n))
-    if _never_negative(shift):
-        return ModularIndexing(shift, 1, n)
-    if _never_negative(-shift):
-        return n - ModularIndexing(-shift, 1, n)
-    raise Unsupported(f"roll by {shift}, negative at some sizes and not at others")
-
-
-def _never_negative(expr: Expr) -> bool:
     from minductor.virtualized import V
 
-    return bool(expr >= 0) if expr.is_number else V.graph.sizevars.provably_nonnegative(expr)
+    never_negative = V.graph.sizevars.provably_nonnegative
+    if never_negative(shift):
+        return ModularIndexing(shift, 1, n)
+    if never_negative(-shift):
+        return n - ModularIndexing(-shift, 1, n)
+    raise Unsupported(f"roll by {shift}, negative at some sizes and not at others")
 
 
 @register_lowering(aten.repeat)

@@ -63,15 +63,13 @@ def _spatial(x: TensorBox, n: int, op: str) -> list[Expr]:
 
 def _always(expr: Expr | int) -> bool:
     """Whether ``expr`` (over sizes) is >= 0 at every size, not only at this graph's."""
-    expr = sympy.sympify(expr)
-    return bool(expr >= 0) if expr.is_number else V.graph.sizevars.provably_nonnegative(expr)
+    return V.graph.sizevars.provably_nonnegative(expr)
 
 
 def _at_hint(expr: Expr | int) -> bool:
     """Whether ``expr`` >= 0 at this graph's sizes: for a branch tracing took, and guarded,
     on the same sizes (ceil_mode's last-window rule in the output size)."""
-    expr = sympy.sympify(expr)
-    return bool(expr >= 0) if expr.is_number else V.graph.sizevars.hint(expr) >= 0
+    return V.graph.sizevars.hint(expr) >= 0
 
 
 def _unrolls(kernel: Sequence[Expr | int]) -> bool:
