@@ -50,6 +50,8 @@ from minductor.codegen.cpp_rewrites import (
     prefetch_next_rows,
     prefetch_row_stores,
 )
+from minductor.codegen.cpp_read_streams import (emit_row_streams, emit_stream_steps, finish_rows, full_reduction_streams,
+                                                least_stream_width, reads_rows_in_streams, stream_width)
 from minductor.codegen.cpp_lanes import emit_lane_step, emit_lanes_inside, lanes_go_inside
 from minductor.codegen.cpp_split_rows import (emit_full_reduction, emit_row_group, emit_split_rows, fold_siblings,
                                               full_reduction_first, splits_rows)
@@ -65,9 +67,9 @@ from minductor.codegen.loop_shapes import (
     inner_lanes,
     joins,
     linear_index,
+    loop_narrow_lanes,
     merge_dims,
     mutation_loops,
-    narrow_lanes,
     outer_lane_var,
     outer_lane_width,
     parallel_decision,
@@ -79,7 +81,6 @@ from minductor.codegen.loop_shapes import (
     wide_lanes,
 )
 from minductor.ir.indexing import index_symbol, make_vars, simplify_index
-from minductor.scheduler.deps import MemoryDep
 from minductor.scheduler.nodes import FusedGroup
 from minductor.virtualized import V
 
@@ -130,6 +131,8 @@ class CppKernel:
         self.tile_var: sympy.Symbol | None = None
         self.parallel_if = ""  # the run-time condition of parallel loops over symbolic sizes
         self.split_rows = False  # outer-lane mode with the reduced range split across threads
+        self.least_stream_width = 0  # of the loop block being emitted, if it may read in streams (cpp_read_streams)
+        self.row_streams: str | None = None  # the row variable of rows reduced in streams (cpp_read_streams)
         self.stage: StagedTile | None = None  # 2-D tile mode: loads staged transposed
         self.mask_depth = 0  # inside masked(): loads there must not run unconditionally
         self.masks: list[str] = []  # enclosing masks, innermost last
@@ -146,6 +149,7 @@ class CppKernel:
         self.written_over: dict[str, str] = {}  # output -> dying input whose storage it takes (wrapper)
         self.local: dict[str, str] = {}  # of those, kept in a per-iteration local: name -> C++ name
         self.forwarded: dict[str, dict[str, str]] = {}  # or in registers: name -> {index: value}
+        self.local_slot = "0"  # the element of a local this row's value takes (rows in streams: one per stream)
         self.row_candidates: dict[str, int | Expr] = {}  # of those, what may live in a row scratch (row_scratch_buffers)
         self.rows: dict[str, tuple[str, int | Expr]] = {}  # of those, kept in a row scratch: name -> (array, elements)
 
@@ -163,7 +167,7 @@ class CppKernel:
     def load(self, name: str, index: Expr) -> str:
         dtype = V.graph.get_dtype(name)
         if name in self.local:
-            return self.cse.generate(self.body, from_storage(dtype, f"{self.local[name]}[0]"))
+            return self.cse.generate(self.body, from_storage(dtype, f"{self.local[name]}[{self.local_slot}]"))
         if name in self.forwarded:  # (stored earlier in this iteration: forwarded_results)
             return self.forwarded[name][self.index_str(index)]
         if name in self.rows:
@@ -190,7 +194,7 @@ class CppKernel:
             return
         if name in self.local:
             assert mode is None, "locals hold reduction results only"
-            buffer.writeline(f"{self.local[name]}[0] = {to_storage(dtype, value)};")
+            buffer.writeline(f"{self.local[name]}[{self.local_slot}] = {to_storage(dtype, value)};")
             return
         if name in self.rows:
             assert mode is None, "row scratch holds pointwise values only"
@@ -398,6 +402,9 @@ class CppKernel:
         if pure_pointwise and not self.scatters and needs_2d_tiles(self.group, outer):
             emit_tiled_2d(self, code, outer, loops[0], parallel)
             return
+        if reads_rows_in_streams(self, outer, loops, parallel):
+            emit_row_streams(self, code, outer, loops)
+            return
         start, gather_rows = len(code.lines), False
         self.may_stream = self.tile_var is None and not self.scatters
         # a pure pointwise nest whose output may stream leaves its innermost loop to
@@ -545,8 +552,8 @@ class CppKernel:
         self.accumulators = []
         self.last_red_size = merged_red.sizes[-1] if merged_red.sizes else sympy.Integer(1)
         welford = any(n.is_reduction() and n.node.data.reduction_type == "welford_reduce" for n in loop.nodes)
-        deps = [d for node in loop.nodes for d in node.read_writes.reads | node.read_writes.writes if isinstance(d, MemoryDep)]
-        narrow = narrow_lanes(V.graph.get_dtype(d.name) for d in deps)  # (a bool mask: a vector of bools)
+        narrow = loop_narrow_lanes(loop)  # (a bool mask: a vector of bools)
+        self.least_stream_width = least_stream_width(loop)
         self.lanes, self.lane_slots = inner_lanes(self.last_red_size, thread_chunk, welford, narrow)
         self.wide_lanes = wide_lanes(self.last_red_size, self.lanes, thread_chunk, welford) if self.tile_var is None else 0
         if self.wide_lanes:  # the lanes of this row, chosen at run time; the arrays hold the most
@@ -583,7 +590,7 @@ class CppKernel:
         if thread_chunk and self.tile_var is None:
             for acc, _, _, _ in self.accumulators:
                 code.writeline(f"{acc}_partial[mi_tid] = {acc};")
-        elif self.tile_var is None:
+        elif self.tile_var is None and not self.row_streams:  # (rows in streams store in the nest)
             code.splice(self.suffix)
         code._indent -= 1
         code.writeline("}")
@@ -665,7 +672,8 @@ class CppKernel:
         # the scalar tail accumulates into its own variables: sharing lane 0 with the vector loop
         # keeps the lanes in memory across rows (short rows of window reductions: ~20% slower)
         tail = self._tail_body() if not self.welford_accs else None
-        if tail is not None:
+        streams = stream_width(self) if self.row_streams else full_reduction_streams(self, thread_chunk, outer_dims)
+        if tail is not None and not self.row_streams:
             for acc, acc_type, init, _ in self.accumulators:
                 code.writeline(f"{acc_type} {acc}_tail = {init};")
         # a thread's chunk: of the first of several reduced dims, else of the lanes' own dim
@@ -679,8 +687,16 @@ class CppKernel:
         begin, end = ("mi_begin", "mi_end") if thread_chunk and not outer_dims else ("0", cpp_index(size))
         wide = self.wide_lanes
         lanes = "mi_wl" if wide else self.lanes
+        if self.row_streams:  # (each row's lanes are its stream's)
+            assert streams, "rows in streams need plain lanes (cpp_read_streams.reads_rows_in_streams)"
+            lanes = streams
         code.writeline(f"const int64_t mi_main = {begin} + (({end} - {begin}) / {lanes}) * {lanes};")
-        for i, width in enumerate([wide, self.lanes] if wide else [self.lanes]):
+        if streams:
+            emit_stream_steps(code, self, str(var), begin, streams, self.row_streams)
+        if self.row_streams:
+            finish_rows(self, code, str(var), end, tail, streams, self.row_streams)
+            return
+        for i, width in enumerate([] if streams else [wide, self.lanes] if wide else [self.lanes]):
             if wide:
                 code.writeline(f"{'else' if i else f'if (mi_wl == {wide})'}")
                 code.writeline("{")

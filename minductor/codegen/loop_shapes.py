@@ -443,6 +443,12 @@ def narrow_lanes(dtypes: Iterable[torch.dtype]) -> int:
     return vector_bytes() // itemsize if itemsize < 4 else 0
 
 
+def loop_narrow_lanes(loop: Loop) -> int:
+    """``narrow_lanes`` of the values a loop block reads and writes."""
+    deps = [d for node in loop.nodes for d in node.read_writes.reads | node.read_writes.writes if isinstance(d, MemoryDep)]
+    return narrow_lanes(V.graph.get_dtype(d.name) for d in deps)
+
+
 def line_step(dtypes: Iterable[torch.dtype]) -> int:
     """Values a streamed loop over ``dtypes`` computes per step: a 64-byte line of float, or the
     lines that make a vector of its narrowest values (``narrow_lanes``)."""
