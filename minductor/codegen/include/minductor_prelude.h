@@ -409,14 +409,15 @@ template <typename T> MI_MATH T mi_sign(T a) {
 // Branch-free float32 math so loops under `omp simd` vectorize (libm calls do not).
 // Accurate to a few ulp; NaN/inf behave as in libm. double uses libm.
 // 2 e^r for |r| <= ln2 / 2 (the factor 2 makes mi_exp's scale 2^(n-1), so e^x just below
-// FLT_MAX stays finite)
+// FLT_MAX stays finite): 2 + 2r + r^2 q(r), q of degree 4 fitted for the least largest
+// relative error (3.6e-9 in exact arithmetic; evaluated in float32, 8.4e-8 at most, as the
+// degree-5 q it replaced: a multiply-add less a vector)
 MI_MATH float mi_exp_poly(float r) {
-    float p = 3.9751383000E-4f;
-    p = MI_MAD(p, r, 2.7963999014E-3f);
-    p = MI_MAD(p, r, 1.6666903815E-2f);
-    p = MI_MAD(p, r, 8.3331591788E-2f);
-    p = MI_MAD(p, r, 3.3333330918E-1f);
-    p = MI_MAD(p, r, 1.0000000240f);
+    float p = 2.7629081160e-3f;
+    p = MI_MAD(p, r, 1.6737490892e-2f);
+    p = MI_MAD(p, r, 8.3336777985e-2f);
+    p = MI_MAD(p, r, 3.3333042264e-1f);
+    p = MI_MAD(p, r, 9.9999988079e-1f);
     p = MI_MAD(p, r, 2.0f);
     return MI_MAD(p, r, 2.0f);
 }
