@@ -212,3 +212,33 @@ def test_prefetches_beside_streaming_stores_off_on_zen_4(on_cpu, vendor: str, fa
 
     info = {"vendor_id": vendor, "cpu family": family, "flags": flags}
     assert on_cpu(cache.prefetch_beside_streaming_stores, info) is expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", ["flat", "rows", "layer_norm", "softmax", "dynamic"])
+def test_half_and_bfloat16_outputs_stream_rounded_in_blocks(tmp_path, dtype, case: str) -> None:
+    """A 16-bit output's lines are computed as floats, rounded in a block and streamed: the
+    same bits as the ordinary stores (compared exactly with the kernel the same graph gets
+    without streaming), with heads, whole steps and tails (rows of 300 and 4100), a row kernel
+    after its reductions, and a symbolic size (streaming decided at run time)."""
+    fns = {
+        "flat": (lambda x, w: ((x * 3).exp() - w[0]).relu(), (1000, 37)),
+        "rows": (lambda x, w: x * w + 1, (9, 4100)),
+        "layer_norm": (lambda x, w: F.layer_norm(x, (x.shape[-1],), w), (40, 300)),
+        "softmax": (lambda x, w: torch.softmax(x * w, -1), (40, 4100)),
+        "dynamic": (lambda x, w: (x - w).sigmoid(), (33, 300)),
+    }
+    fn, shape = fns[case]
+    x, w = torch.randn(shape).to(dtype), torch.randn(shape[-1]).to(dtype)
+    dynamic = case == "dynamic"
+    torch._dynamo.reset()
+    with config.patch(debug=True, debug_dir=str(tmp_path / "s"), stream_store_min_bytes=1, stream_store_min_footprint=0):
+        streamed = torch.compile(fn, backend="minductor", dynamic=dynamic)(x, w)
+    code = "\n".join(p.read_text() for p in (tmp_path / "s").glob("graph_*/cpp_*.cpp"))
+    kind = "halves" if dtype == torch.float16 else "bf16s"
+    assert f"mi_stream_store_{kind}<64>(" in code and "mi_stream_fence();" in code, code
+    torch._dynamo.reset()
+    with config.patch(stream_store_min_bytes=0, aot_cache=False):
+        plain = torch.compile(fn, backend="minductor", dynamic=dynamic)(x, w)
+    assert torch.equal(streamed.view(torch.int16), plain.view(torch.int16))
+    torch.testing.assert_close(streamed, fn(x, w), atol=2e-2, rtol=2e-2)

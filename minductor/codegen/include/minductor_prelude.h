@@ -84,6 +84,20 @@ static inline void mi_stream_store(float* p, const float* line) {
     for (int i = 0; i < 16; i++) p[i] = line[i];
 #endif
 }
+// a 64-byte line of any values (32 halves or bfloat16s) at a 64-byte aligned address
+typedef long long mi_v8di __attribute__((vector_size(64), aligned(64)));
+typedef long long mi_v4di __attribute__((vector_size(32), aligned(32)));
+static inline void mi_stream_store_bits(void* p, const void* line) {
+#if defined(__AVX512F__)
+    __builtin_ia32_movntdq512(reinterpret_cast<mi_v8di*>(p), *reinterpret_cast<const mi_v8di*>(line));
+#elif defined(__AVX__)
+    __builtin_ia32_movntdq256(reinterpret_cast<mi_v4di*>(p), *reinterpret_cast<const mi_v4di*>(line));
+    __builtin_ia32_movntdq256(reinterpret_cast<mi_v4di*>(p) + 1, *reinterpret_cast<const mi_v4di*>(line) + 1);
+#else
+    __builtin_memcpy(p, line, 64);
+#endif
+}
+static inline int64_t mi_stream_head(const uint16_t* p) { return static_cast<int64_t>((-reinterpret_cast<uintptr_t>(p) & 63) / 2); }
 static inline void mi_stream_fence() {
 #if defined(__SSE__)
     __builtin_ia32_sfence();
@@ -264,6 +278,19 @@ template <int N> static inline void mi_floats_to_bf16s(const float* __restrict__
 #endif
     #pragma omp simd
     for (int k = 0; k < N; k++) dst[k] = mi_float_to_bf16(src[k]);
+}
+
+// N floats (N a multiple of 32) rounded to halves or bfloat16s by the block conversions and
+// written with streaming stores, a 64-byte line of 32 at a time, at a 64-byte aligned address
+template <int N> static inline void mi_stream_store_halves(mi_half* p, const float* line) {
+    alignas(64) mi_half bits[N];
+    mi_floats_to_halves<N>(line, bits);
+    for (int k = 0; k < N; k += 32) mi_stream_store_bits(p + k, bits + k);
+}
+template <int N> static inline void mi_stream_store_bf16s(mi_bf16* p, const float* line) {
+    alignas(64) mi_bf16 bits[N];
+    mi_floats_to_bf16s<N>(line, bits);
+    for (int k = 0; k < N; k += 32) mi_stream_store_bits(p + k, bits + k);
 }
 
 // NaN-propagating maximum/minimum (torch.maximum semantics; a tie of -0 and +0 gives b, as
