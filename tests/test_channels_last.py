@@ -23,7 +23,7 @@ def _compile(fn: Callable[..., Any], *args: torch.Tensor, tmp_path: Path, grad: 
 
 
 def _conv_inputs(code: str) -> list[str]:
-    return re.findall(r"torch\.ops\.aten\.convolution\.default\((\w+),", code)
+    return re.findall(r"torch\.convolution\((\w+),", code)
 
 
 def _allocation(code: str, name: str) -> str:
@@ -62,7 +62,9 @@ def test_a_channels_last_input_is_not_copied(tmp_path: Path) -> None:
     code = _compile(lambda x: conv(x).relu(), x, tmp_path=tmp_path)
     (arg,) = _conv_inputs(code)
     assert arg.startswith("arg"), code  # the graph input itself
-    assert metrics.generated_kernel_count == 1  # the ReLU only
+    # the ReLU, and the 3x3 weight's channels-last copy (aten's convolution copies it itself,
+    # slower: (64, 64, 3, 3) 27 us a call)
+    assert metrics.generated_kernel_count == 2
 
 
 def test_conv_output_returned_with_eager_strides(tmp_path: Path) -> None:
