@@ -35,8 +35,8 @@ READ_STREAMS = 4
 # reductions whose lanes are plain accumulators combined pairwise and whose update is one
 # instruction (max and min, NaN-propagating, were no faster: row amax 0.97-1.02x)
 _PLAIN = ("sum", "prod")
-# the least rows per thread that read in streams: with fewer, a thread's last rows are
-# read twice more often (a stream past the thread's rows re-reads its last one)
+# the least rows per stream (of each thread) that read in streams: a stream that runs past
+# its thread's rows re-reads the thread's last row, so with fewer rows more are read twice
 _ROWS_PER_STREAM = 2
 
 
@@ -67,7 +67,7 @@ def stream_width(kernel: Any) -> int:
 
 def reads_rows_in_streams(kernel: Any, outer: MergedDims, loops: list[Loop], parallel: bool) -> bool:
     """Whether a kernel reducing long rows, parallel over its rows, reads its rows in streams
-    (``emit_row_streams``): one loop that may (``streams_loop``), then at most per-row
+    (``emit_row_streams``): one loop that may (``least_stream_width``), then at most per-row
     epilogues (a mean's division)."""
     if not parallel or len(outer.variables) != 1 or kernel.tile_var is not None or kernel.scatters or kernel.rows:
         return False
