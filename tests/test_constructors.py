@@ -95,6 +95,34 @@ def test_linspace_integer_dtypes() -> None:
     }, torch.tensor(4.3), torch.tensor(-3.0), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_linspace_half_dtypes_round_as_eager(dtype: torch.dtype) -> None:
+    """Eager's half and bfloat16 linspace computes in the dtype: bounds, step, index and each
+    product and sum rounded (a float computation rounded once differed from it in most of these
+    ranges); Python bounds, 0-d tensor bounds, and both halves of the range."""
+    import random
+
+    random.seed(0)
+    for _ in range(25):
+        s, e, n = random.uniform(-10, 10), random.uniform(-30, 30), random.randint(2, 60)
+        torch._dynamo.reset()
+        got = torch.compile(lambda: torch.linspace(s, e, n, dtype=dtype), backend="minductor")()
+        assert torch.equal(got, torch.linspace(s, e, n, dtype=dtype)), (s, e, n)
+    fn = lambda a, b: torch.linspace(a, b, 37, dtype=dtype)  # noqa: E731
+    a, b = torch.tensor(-4.7), torch.tensor(21.3)
+    assert torch.equal(torch.compile(fn, backend="minductor")(a, b), fn(a, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_full_holds_the_rounded_value(dtype: torch.dtype) -> None:
+    """A half or bfloat16 ``full`` holds its value rounded to the dtype, also where a kernel
+    computes on it as a float before storing (-7.3127 is -7.3125 in bfloat16)."""
+    fn = lambda x: (torch.full((4,), -7.312715117751976, dtype=dtype).float() * x, torch.full((3,), 0.1, dtype=dtype))  # noqa: E731
+    x = torch.randn(4)
+    for got, want in zip(torch.compile(fn, backend="minductor")(x), fn(x)):
+        assert torch.equal(got, want), (got, want)
+
+
 def test_empty_shape_and_dtype_only() -> None:
     fn = lambda x: (torch.empty(3, 4), torch.empty_like(x), torch.empty((2,), dtype=I64),
                     torch.empty_like(x, dtype=BOOL), x.new_empty((5, 1)), torch.empty_strided((2, 3), (1, 2)))

@@ -52,7 +52,11 @@ def _check_layout(kwargs: dict[str, Any]) -> None:
 
 def full_of(size: Sequence[Any], value: Any, dtype: torch.dtype, device: torch.device) -> TensorBox:
     """``value`` may be symbolic: a dynamic graph's element count (an MSE loss's or a group
-    norm's backward fills a tensor with it)."""
+    norm's backward fills a tensor with it). A half or bfloat16 tensor holds the value rounded
+    to its type, as eager's (a kernel computes on 16-bit values as floats: unrounded, a
+    bfloat16 ``full(-7.3127)`` fed the kernels -7.3127 where eager's tensor holds -7.3125)."""
+    if dtype in (torch.float16, torch.bfloat16) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = torch.tensor(float(value), dtype=torch.float32).to(dtype).item()
     load = scalar_loader(value, dtype)
     return TensorBox.create(Pointwise(device, dtype, load, [sympy.sympify(s) for s in size], origins=frozenset({"full"})))
 
