@@ -52,6 +52,7 @@ from minductor.codegen.cpp_rewrites import (
 )
 from minductor.codegen.cpp_read_streams import (emit_row_streams, emit_stream_steps, finish_rows, full_reduction_streams,
                                                 least_stream_width, reads_rows_in_streams, stream_width)
+from minductor.codegen.cpp_lane_merge import emit_pairwise_tree, emit_welford_merge
 from minductor.codegen.cpp_lanes import emit_lane_step, emit_lanes_inside, lanes_go_inside
 from minductor.codegen.cpp_split_rows import (emit_full_reduction, emit_row_group, emit_split_rows, fold_siblings,
                                               full_reduction_first, splits_rows)
@@ -712,22 +713,8 @@ class CppKernel:
                 code._indent -= 1
                 code.writeline("}")
         welford = {acc for acc, _ in self.welford_accs}
-        for acc, ctype in self.welford_accs:
-            # every lane has seen the same count w: their combination has the mean of the lane
-            # means and adds w times the spread of those means to the m2s (no division per lane);
-            # it goes to lane 0, which the tail then keeps updating
-            w = f"static_cast<{ctype}>((mi_main - {begin}) / {lanes})"
-            code.writeline("{")
-            with code.indent(open_brace=False):
-                code.writeline(f"{ctype} mi_sum = 0, mi_m2 = 0;")
-                code.writeline("#pragma omp simd reduction(+:mi_sum)")
-                code.writeline(f"for (int mi_l = 0; mi_l < {lanes}; mi_l++) mi_sum += {acc}_mean[mi_l];")
-                code.writeline(f"const {ctype} mi_mean = mi_sum / static_cast<{ctype}>({lanes});")
-                code.writeline("#pragma omp simd reduction(+:mi_m2)")
-                code.writeline(f"for (int mi_l = 0; mi_l < {lanes}; mi_l++) mi_m2 += {acc}_m2[mi_l] + {w} * "
-                               f"(({acc}_mean[mi_l] - mi_mean) * ({acc}_mean[mi_l] - mi_mean));")
-                code.writeline(f"{acc}_mean[0] = mi_mean; {acc}_m2[0] = mi_m2;")
-            code.writeline("}")
+        for acc, ctype in self.welford_accs:  # (every lane has seen the same count)
+            emit_welford_merge(code, acc, ctype, lanes, f"static_cast<{ctype}>((mi_main - {begin}) / {lanes})")
         code.writeline(f"for (int64_t {var} = mi_main; {var} < {end}; {var}++)")
         with code.indent():
             code.writeline("const int64_t mi_lane = 0;")
@@ -750,18 +737,14 @@ class CppKernel:
         for acc, acc_type, _, combine in self.accumulators:
             if acc in welford:
                 continue
-            # a pairwise tree (halving, each level one vector op): a chain of lanes - 1 dependent
-            # combines cost ~5% of a 4096-wide row sum. Levels of constant width become shuffles;
-            # a loop over the width went through the stack (attention's 128-wide rows: 7% of it)
-            pair = lambda w: combine.format(a=f"{acc}_lanes[mi_l]", b=f"{acc}_lanes[mi_l + {w}]")  # noqa: E731
-            if wide:
+            if wide:  # (the lanes this row took at run time)
+                pair = combine.format(a=f"{acc}_lanes[mi_l]", b=f"{acc}_lanes[mi_l + mi_w]")
                 code.writeline("for (int mi_w = mi_wl / 2; mi_w > 0; mi_w /= 2)")
                 with code.indent():
                     code.writeline("#pragma omp simd")
-                    code.writeline(f"for (int mi_l = 0; mi_l < mi_w; mi_l++) {acc}_lanes[mi_l] = {pair('mi_w')};")
-            for w in [] if wide else [self.lane_slots >> k for k in range(1, self.lane_slots.bit_length())]:
-                code.writeline("#pragma omp simd")
-                code.writeline(f"for (int mi_l = 0; mi_l < {w}; mi_l++) {acc}_lanes[mi_l] = {pair(w)};")
+                    code.writeline(f"for (int mi_l = 0; mi_l < mi_w; mi_l++) {acc}_lanes[mi_l] = {pair};")
+            else:
+                emit_pairwise_tree(code, f"{acc}_lanes", self.lane_slots, combine)
             code.writeline(f"{acc_type} {acc} = {acc}_lanes[0];")
             if tail is not None:
                 code.writeline(f"{acc} = {combine.format(a=acc, b=f'{acc}_tail')};")

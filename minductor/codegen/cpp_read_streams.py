@@ -26,6 +26,7 @@ import sympy
 import torch
 
 from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index
+from minductor.codegen.cpp_lane_merge import emit_pairwise_tree
 from minductor.codegen.cpp_stream import lane_loop
 from minductor.codegen.loop_shapes import WIDE_ROW, Loop, MergedDims, long_row_lanes, planning_size
 from minductor.scheduler.deps import MemoryDep
@@ -166,10 +167,7 @@ def finish_rows(kernel: Any, code: CodeBuffer, var: str, end: str, tail: CodeBuf
             code.splice(tail)
         for acc, acc_type, _, combine in kernel.accumulators:
             code.writeline(f"{acc_type}* {acc}_row = {acc}_lanes + mi_s * {width};")
-            for w in [width >> k for k in range(1, width.bit_length())]:
-                pair = combine.format(a=f"{acc}_row[mi_l]", b=f"{acc}_row[mi_l + {w}]")
-                code.writeline("#pragma omp simd")
-                code.writeline(f"for (int mi_l = 0; mi_l < {w}; mi_l++) {acc}_row[mi_l] = {pair};")
+            emit_pairwise_tree(code, f"{acc}_row", width, combine)
             code.writeline(f"{acc_type} {acc} = {combine.format(a=f'{acc}_row[0]', b=f'{acc}_tail')};")
         code.splice(kernel.suffix)
     code.writeline("}")
