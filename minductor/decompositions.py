@@ -158,6 +158,36 @@ for _overload in (aten.linspace.default, aten.linspace.Tensor_Tensor, aten.linsp
     _register(_overload)(_linspace)
 
 
+_TORCH_LOGSPACE = decomposition_table[aten.logspace.default]
+
+
+def _logspace(start: Any, end: Any, steps: int, base: float = 10.0, *, dtype: torch.dtype | None = None,
+              **kwargs: Any) -> torch.Tensor:
+    """As eager's CPU kernel for a real floating dtype: the bounds and their difference rounded
+    to the dtype, the step, exponents and power in double, the second half counted back from
+    ``end``, each value rounded once. torch's decomposition takes the bounds unrounded: a float32
+    result differed from eager's by up to 4 ulp in 59 of 60 random ranges, a bfloat16 one in 58."""
+    dtype = dtype or torch.get_default_dtype()
+    if not dtype.is_floating_point or steps <= 1 or base < 0:
+        return _TORCH_LOGSPACE(start, end, steps, base, dtype=dtype, **kwargs)
+    device = kwargs.get("device")
+
+    def rounded(value: Any) -> torch.Tensor:
+        value = value.to(dtype) if isinstance(value, torch.Tensor) else torch.full((), value, dtype=dtype, device=device)
+        return value.to(torch.float64)
+
+    first, last = rounded(start), rounded(end)
+    step = (last - first).to(dtype).to(torch.float64) / (steps - 1)
+    index = torch.arange(steps, dtype=torch.float64, device=device)
+    exponent = torch.where(index < steps // 2, first + step * index, last - step * (steps - 1 - index))
+    return torch.pow(float(base), exponent).to(dtype)
+
+
+for _overload in (aten.logspace.default, aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar,
+                  aten.logspace.Scalar_Tensor):
+    _register(_overload)(_logspace)
+
+
 def _half_as_float(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> bool:
     return (half_in_float32(query.device, (query.dtype, key.dtype, value.dtype))
             and (mask is None or mask.dtype in (torch.float16, torch.float32)))
