@@ -188,6 +188,26 @@ def test_rows_read_through_one_index_stream_and_check_it_once(tmp_path, op: str)
         torch.compile(fn, backend="minductor")(index + 1000, table)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_read_through_one_index_prefetch_ahead(tmp_path, dtype) -> None:
+    """A streamed row read through a per-row index prefetches the line ROW_AHEAD_BYTES ahead of
+    each step, in the row and not past the range's end; rows shorter than that (the guard never
+    holds) and all lengths between give eager's results."""
+    ahead = cpp_stream.ROW_AHEAD_BYTES // dtype.itemsize
+    fn = lambda i, t: t.index_select(0, i) * 2
+    index = torch.randint(0, 300, (50,))
+    for cols in (ahead // 2 + 3, ahead + 40, 2 * ahead + 17):
+        code = compiled_code(fn, index, torch.randn(300, cols).to(dtype), tmp_path=tmp_path / str(cols))
+        loop = code[code.index("for (int64_t mi_line_at"):]
+        loop = loop[:loop.index("#pragma omp simd", loop.index("mi_stream_store"))]
+        assert f"if (mi_line_at + {ahead} < mi_hi)" in loop, loop
+        assert re.search(rf"__builtin_prefetch\(&in_ptr1\[{ahead} \+ mi_line_at \+ {cols}L\*tmp\d+\]", loop), loop
+    # an index that changes along the row (a gather) prefetches nothing ahead
+    code = compiled_code(lambda x, i: torch.gather(x, 1, i) * 2, torch.randn(64, 3000), torch.randint(0, 3000, (64, 2500)),
+                         tmp_path=tmp_path / "gather")
+    assert "mi_line_at + " + str(cpp_stream.ROW_AHEAD_BYTES // 4) + " < mi_hi" not in code
+
+
 def test_hoisting_skips_bodies_with_lambdas() -> None:
     """A masked load with a bounds check is a lambda called only where the mask holds: nothing
     of such a body is hoisted before the streamed loops (the check would run unmasked)."""

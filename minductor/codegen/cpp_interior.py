@@ -123,7 +123,7 @@ def emit_innermost(kernel: Any, code: Any, var: sympy.Symbol, lo: str, hi: str, 
         elif store is None or short:
             simd_loop_hoisting(code, var, begin, end, lines)
         else:
-            emit_streamed_loop(code, var, begin, end, lines, store, kernel.range_of, calls)
+            emit_streamed_loop(code, var, begin, end, lines, store, kernel.range_of, calls, kernel.body_loads)
             kernel.streamed = True
 
     body = kernel.body.lines
