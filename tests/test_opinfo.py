@@ -79,6 +79,9 @@ KNOWN_DTYPE_FAILURES: dict[torch.dtype, dict[str, str]] = {
     torch.float16: {
         "addcdiv": "Dynamo splits addcdiv(..., value=) into div, mul and add, each rounded to half (aot_eager too)",
     },
+    torch.bfloat16: {
+        "addcdiv": "Dynamo splits addcdiv(..., value=) into div, mul and add, each rounded to bfloat16 (aot_eager too)",
+    },
 }
 
 
