@@ -189,23 +189,36 @@ def test_rows_read_through_one_index_stream_and_check_it_once(tmp_path, op: str)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_read_through_one_index_prefetch_ahead(tmp_path, dtype) -> None:
-    """A streamed row read through a per-row index prefetches the line ROW_AHEAD_BYTES ahead of
-    each step, in the row and not past the range's end; rows shorter than that (the guard never
-    holds) and all lengths between give eager's results."""
-    ahead = cpp_stream.ROW_AHEAD_BYTES // dtype.itemsize
-    fn = lambda i, t: t.index_select(0, i) * 2
-    index = torch.randint(0, 300, (50,))
+def test_rows_read_through_one_index_prefetch_ahead_and_the_next_row(tmp_path, dtype) -> None:
+    """A streamed row read through a per-row index prefetches, each step, the line
+    ROW_AHEAD_BYTES ahead in the row (not past the range's end) and the line at the same offset
+    in the next row, whose index is computed before the loops (clamped at the last row); rows
+    shorter than the distance, longer, and an index read through a 2-d tensor give eager's
+    results."""
+    from minductor.codegen.cpp_row_prefetch import ROW_AHEAD_BYTES
+
+    ahead = ROW_AHEAD_BYTES // dtype.itemsize
     for cols in (ahead // 2 + 3, ahead + 40, 2 * ahead + 17):
-        code = compiled_code(fn, index, torch.randn(300, cols).to(dtype), tmp_path=tmp_path / str(cols))
+        index = torch.randint(0, 300, (50,))
+        code = compiled_code(lambda i, t: t.index_select(0, i) * 2, index, torch.randn(300, cols).to(dtype),
+                             tmp_path=tmp_path / str(cols))
+        assert "const int64_t mi_next_row = mi_min_i64(xo0 + 1, 50 - 1);" in code, code
+        assert re.search(r"auto (tmp\d+)_next = in_ptr0\[mi_next_row\];", code), code
         loop = code[code.index("for (int64_t mi_line_at"):]
         loop = loop[:loop.index("#pragma omp simd", loop.index("mi_stream_store"))]
         assert f"if (mi_line_at + {ahead} < mi_hi)" in loop, loop
         assert re.search(rf"__builtin_prefetch\(&in_ptr1\[{ahead} \+ mi_line_at \+ {cols}L\*tmp\d+\]", loop), loop
-    # an index that changes along the row (a gather) prefetches nothing ahead
+        assert re.search(rf"__builtin_prefetch\(&in_ptr1\[mi_line_at \+ {cols}L\*tmp\d+_next\]", loop), loop
+    code = compiled_code(lambda i, w: F.embedding(i, w), torch.randint(0, 500, (7, 33)), torch.randn(500, 2000),
+                         tmp_path=tmp_path / "embedding")
+    assert "mi_min_i64(xo0 + 1, 231 - 1)" in code and "_next], 0, 3);" in code
+    code = compiled_code(lambda i, t: t.index_select(0, i) * 2, torch.randint(0, 300, (61,)), torch.randn(300, 3000),
+                         tmp_path=tmp_path / "dynamic", dynamic=True)
+    assert re.search(r"mi_next_row = mi_min_i64\(xo0 \+ 1, s\d+ - 1\)", code) and "_next*s" in code, code
+    # an index that changes along the row (a gather) prefetches nothing of the kind
     code = compiled_code(lambda x, i: torch.gather(x, 1, i) * 2, torch.randn(64, 3000), torch.randint(0, 3000, (64, 2500)),
                          tmp_path=tmp_path / "gather")
-    assert "mi_line_at + " + str(cpp_stream.ROW_AHEAD_BYTES // 4) + " < mi_hi" not in code
+    assert "mi_next_row" not in code and "< mi_hi)" not in code
 
 
 def test_hoisting_skips_bodies_with_lambdas() -> None:

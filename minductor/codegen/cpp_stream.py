@@ -35,6 +35,7 @@ import torch
 from minductor import config
 from minductor.codegen.common import CodeBuffer, cpp_index, indent_of
 from minductor.codegen.cpp_calls import BATCH, emit_call_block
+from minductor.codegen.cpp_row_prefetch import plan_row_prefetch
 from minductor.codegen.loop_shapes import LINE, line_step
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
 from minductor.runtime.cache import last_level_cache_bytes
@@ -152,7 +153,7 @@ def emit_streamed_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, bo
     """``for var in [lo, hi): body`` with ``store`` written ``store.width`` values (a line, or
     the lines of a vector of bools) at a time by streaming stores; with ``calls``
     (``cpp_calls.batchable_calls``), whole lines run in batches first. Of ``loads`` (the body's),
-    a run read through a per-row index is prefetched ahead (``prefetch_ahead``)."""
+    a run read through a per-row index is prefetched ahead (``cpp_row_prefetch``)."""
     def at(value: str) -> str:
         expr = sympy.expand(store.index.xreplace({var: index_symbol(value)}))
         return cpp_index(simplify_index(expr, range_of))
@@ -161,12 +162,13 @@ def emit_streamed_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, bo
     if store.bits16:  # (the float, rounded with the line's block)
         value = value[len(f"mi_float_to_{store.bits16}("):-1]
     hoisted, body = ([], body) if calls else hoist_invariant_lines(body, str(var))
+    rows = plan_row_prefetch(loads, hoisted, var, range_of)
     line_body = [f"mi_line[mi_lane] = {value};" if line is store.line else line for line in body]
     if hoisted:  # (what the loops would not have run, for an empty range, does not run either)
         code.writeline(f"if ({lo} < {hi})")
     code.writeline("{")
     with code.indent(open_brace=False):
-        for line in hoisted:
+        for line in hoisted + (rows.setup if rows else []):
             code.writeline(line)
         code.writeline(f"const int64_t mi_lo = {lo};")
         code.writeline(f"const int64_t mi_hi = {hi};")
@@ -179,50 +181,17 @@ def emit_streamed_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, bo
         simd_loop(code, var, "mi_lo", "mi_head", body)
         lines_from = "mi_head"
         if calls:
-            _emit_batched_lines(code, var, line_body, list(calls), store, at,
-                                prefetch_ahead(loads, hoisted, var, BATCH, range_of))
+            _emit_batched_lines(code, var, line_body, list(calls), store, at, rows.step(BATCH) if rows else [])
             lines_from = "mi_batches_end"
         code.writeline(f"for (int64_t mi_line_at = {lines_from}; mi_line_at < mi_lines_end; mi_line_at += {store.width})")
         with code.indent():
             code.writeline(f"alignas(64) float mi_line[{store.width}];")
             _lane_loop(code, var, store.width, line_body)
             _store_lines(code, store, at("mi_line_at"), store.width)
-            for line in prefetch_ahead(loads, hoisted, var, store.width, range_of):
+            for line in rows.step(store.width) if rows else []:
                 code.writeline(line)
         simd_loop(code, var, "mi_lines_end", "mi_hi", body)
     code.writeline("}")
-
-
-# how far ahead of the step it computes a streamed loop prefetches a row read through a per-row index
-ROW_AHEAD_BYTES = 4096
-
-
-def prefetch_ahead(loads: Sequence[tuple[str, Expr, torch.dtype]], hoisted: list[str], var: sympy.Symbol,
-                   width: int, range_of: dict[sympy.Symbol, Expr]) -> list[str]:
-    """Prefetches, for a streamed loop's step of ``width`` iterations from ``mi_line_at``, of the
-    lines ``ROW_AHEAD_BYTES`` ahead in each of ``loads`` that reads a contiguous run along
-    ``var`` starting where a per-row index (defined in ``hoisted``) points: an ``index_select``
-    or embedding row. No hardware prefetcher follows such a run across a 4 KB page, and none
-    knows where the next row starts. ``x.index_select(0, i) * 2`` at 4096^2, kernels alone,
-    interleaved, Zen 4: one thread 7.0 -> 5.7-5.9 ms, two 3.8-3.9 -> 3.3-3.5 (2 KB ahead:
-    6.4; 4 KB ahead of the row's end and into the next row's first lines instead: 5.8-6.0)."""
-    defined = {m.group(1) for line in hoisted if (m := _DEF.match(line.strip()))}
-    ahead_of: dict[int, list[str]] = {}  # elements ahead -> prefetches
-    for arg, index, dtype in loads:
-        picked = {str(s) for s in index.free_symbols if str(s).startswith("tmp")}
-        coeffs = affine_coeffs(index, [var])
-        if not picked or not picked <= defined or coeffs is None or coeffs[var] != 1:
-            continue
-        ahead = ROW_AHEAD_BYTES // dtype.itemsize
-        at = cpp_index(simplify_index(sympy.expand(index.xreplace({var: index_symbol("mi_line_at") + ahead})), range_of))
-        lines = ahead_of.setdefault(ahead, [])
-        for k in range(0, width * dtype.itemsize, 64):  # one per 64-byte line of the step
-            line = f"__builtin_prefetch(&{arg}[{at}]{f' + {k // dtype.itemsize}' if k else ''}, 0, 3);"
-            if line not in lines:
-                lines.append(line)
-    # (not past the range's end: 4 KB past a row of 16 KB is a quarter more lines read)
-    return [text for ahead, lines in ahead_of.items()
-            for text in (f"if (mi_line_at + {ahead} < mi_hi)", "{", *["    " + line for line in lines], "}")]
 
 
 _DEF = re.compile(r"auto (tmp\d+) = (.*);$")
