@@ -149,3 +149,37 @@ def test_window_buffers_stay_within_their_stack_budget(tmp_path: Path) -> None:
     source = _source(lambda x: F.interpolate(x, scale_factor=2, mode="bicubic"), x, tmp_path=tmp_path, exact=False)
     windows = source.count("mi_window_gather(")
     assert windows * 6000 * 8 <= WINDOW_STACK_BYTES and (windows > 0 or 8 not in window_sizes()), windows
+
+
+@pytest.mark.usefixtures("float_windows")
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("case", ["bilinear_2x", "bilinear_ac_odd", "bicubic", "nearest_3x"])
+def test_threads_keep_their_windows_across_rows(case: str, threads: int, tmp_path: Path) -> None:
+    """Each thread of the parallel region declares its windows once and gathers a window again
+    only where its row differs from the last one it read: an upsample's output rows read each
+    source row two or more times. Row counts that split unevenly over the threads and sizes
+    that repeat rows and that do not give eager's results."""
+    fns = {
+        "bilinear_2x": (lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), (3, 5, 13, 40)),
+        "bilinear_ac_odd": (lambda x: F.interpolate(x, size=(29, 71), mode="bilinear", align_corners=True), (2, 3, 11, 40)),
+        "bicubic": (lambda x: F.interpolate(x, scale_factor=2, mode="bicubic"), (1, 3, 9, 24)),
+        "nearest_3x": (lambda x: F.interpolate(x, scale_factor=3), (2, 3, 7, 20)),
+    }
+    fn, shape = fns[case]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch._dynamo.reset()
+        x = torch.randn(shape)
+        with config.patch(debug=True, debug_dir=str(tmp_path)):
+            torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x))
+    finally:
+        torch.set_num_threads(before)
+    source = "\n".join(p.read_text() for p in sorted(tmp_path.glob("graph_*/cpp_fused_*.cpp")))
+    windows = re.findall(r"mi_window_gather\([^;]*, (mi_window\d+)\);", source)
+    assert windows, source
+    region = source[source.index("#pragma omp parallel"):] if "#pragma omp parallel" in source else source
+    for w in windows:
+        declared = region.index(f"int64_t {w}_at = mi_lowest<int64_t>();")
+        assert declared < region.index("#pragma omp for") if "#pragma omp for" in region else True
+        assert re.search(rf"if \({w}_at != [^)]*\)\s*\{{\s*mi_window_gather\(", source), source

@@ -33,10 +33,10 @@ from minductor.codegen.cpp_interior import emit_innermost
 from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
 from minductor.codegen.cpp_stream import (
     emit_chunk_loop,
-    fence_parallel_region,
     hoist_flat_invariants,
     open_chunks,
     lane_loop,
+    parallel_region,
     streamable_writes,
 )
 from minductor.codegen.cpp_rows import (
@@ -123,6 +123,7 @@ class CppKernel:
         self.rounded: dict[str, tuple[torch.dtype, str]] = {}  # a value rounded to half/bf16 -> (dtype, the float)
         self.may_stream = False  # loops may use streaming stores (the parallel region fences them)
         self.streamed = False  # some loop did
+        self.thread_state: list[str] = []  # declarations each thread of the parallel region makes (cached windows)
         # emit_outer's innermost loop, left to _emit_pointwise_nest: (var, lo, hi, iterations)
         self.deferred_loop: tuple[sympy.Symbol, str, str, Expr] | None = None
         self.loop_shape: LoopShape | None = None  # of the last loop block emitted
@@ -474,8 +475,9 @@ class CppKernel:
         if gather_rows:  # (once the loops are closed)
             prefetch_gathered_rows(self, code, start, *outer.variables[-2:], int(outer.sizes[-1]))
         self.may_stream, self.deferred_loop = False, None
-        if self.streamed:
-            fence_parallel_region(code.lines, start)
+        if self.streamed or self.thread_state:
+            parallel_region(code.lines, start, self.thread_state, fence=self.streamed)
+            self.thread_state = []
 
     def _defer_innermost(self, code: CodeBuffer, var: sympy.Symbol, size: Expr, flat_parallel: bool) -> int:
         """Leave the innermost loop to _emit_pointwise_nest (``deferred_loop``); a flat parallel

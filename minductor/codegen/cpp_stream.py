@@ -369,13 +369,26 @@ def simd_loop(code: CodeBuffer, var: sympy.Symbol, lo: str, hi: str, body: list[
 
 
 def fence_parallel_region(lines: list[str], start: int) -> None:
-    """Make the first ``omp parallel for`` at or after ``start`` a parallel region whose threads
-    fence their streaming stores after the (then ``nowait``) loop; without one, fence at the end."""
+    """``parallel_region`` whose threads fence their streaming stores."""
+    parallel_region(lines, start, fence=True)
+
+
+def parallel_region(lines: list[str], start: int, private: Sequence[str] = (), fence: bool = False) -> None:
+    """Make the first ``omp parallel for`` at or after ``start`` (its loop nest the rest of
+    ``lines``) a parallel region: each thread runs the ``private`` lines (declarations of state
+    its iterations share: ``cpp_windows``' cached windows) before the (then ``nowait``) loop and,
+    with ``fence``, fences its streaming stores after it. Without a parallel loop, the
+    declarations go before the nest and the fence after it."""
     at = next((i for i in range(start, len(lines)) if lines[i].lstrip().startswith("#pragma omp parallel for")), None)
     if at is None:
-        lines.append("mi_stream_fence();")
+        pad = indent_of(lines[start]) if start < len(lines) else ""
+        lines[start:start] = [pad + line for line in private]
+        if fence:
+            lines.append("mi_stream_fence();")
         return
     pad = indent_of(lines[at])
     clauses = lines[at].strip()[len("#pragma omp parallel for"):]
-    lines[at:at + 1] = [pad + "#pragma omp parallel", pad + "{", pad + "#pragma omp for" + clauses + " nowait"]
-    lines.extend([pad + "mi_stream_fence();", pad + "}"])
+    lines[at:at + 1] = [pad + "#pragma omp parallel", pad + "{", *[pad + line for line in private],
+                        pad + "#pragma omp for" + clauses + " nowait"]
+    lines.extend([pad + "mi_stream_fence();"] if fence else [])
+    lines.append(pad + "}")
