@@ -191,3 +191,29 @@ def test_a_costly_value_broadcast_many_times_is_computed_once(tmp_path) -> None:
         torch.testing.assert_close(torch.compile(fn, backend="minductor")(s1, t, i), fn(s1, t, i))
     (source,) = [p.read_text() for p in (tmp_path / "once").glob("graph_*/cpp_*.cpp")]
     assert "mi_exp(" in source and "static_cast<uint64_t>" in source
+
+
+def test_a_bias_costly_to_compute_broadcast_twice_is_computed_once(tmp_path) -> None:
+    """A bias interpolated from its table and gathered (BEiT's: ~100 operations an element;
+    here bicubic), added to the scores of each of 2 images, is computed once into a buffer: its
+    repeats times its operations reach BROADCAST_REALIZE_OPS; a cheap gather (a table row
+    picked per element) repeated twice stays inlined. Results match eager."""
+    import torch.nn.functional as F
+
+    from minductor import config
+
+    def costly(s: torch.Tensor, t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        table = F.interpolate(t.t().reshape(1, 3, 13, 13), size=(15, 15), mode="bicubic").reshape(3, 225).t()
+        return (s + table[i].permute(2, 0, 1)).softmax(-1)
+
+    def cheap(s: torch.Tensor, t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return (s + t[i].permute(2, 0, 1)).softmax(-1)
+
+    s, i = torch.randn(2, 3, 65, 65), torch.randint(0, 169, (65, 65))
+    for name, fn, t, realized in [("costly", costly, torch.randn(169, 3), True), ("cheap", cheap, torch.randn(169, 3), False)]:
+        torch._dynamo.reset()
+        with config.patch(debug=True, debug_dir=str(tmp_path / name)), torch.no_grad():
+            torch.testing.assert_close(torch.compile(fn, backend="minductor")(s, t, i), fn(s, t, i))
+        sources = [p.read_text() for p in (tmp_path / name).glob("graph_*/cpp_*.cpp")]
+        softmax = [src for src in sources if "mi_exp(" in src]
+        assert len(softmax) == 1 and ("static_cast<uint64_t>" not in softmax[0]) == realized, sources

@@ -110,8 +110,10 @@ def _same_size(a: Expr, b: Expr) -> bool:
 
 
 # a broadcast repeating each element of a gathered value at least this many times gathers it
-# once first (a buffer) rather than at every element it reaches
+# once first (a buffer) rather than at every element it reaches; so does one whose repeats
+# times the value's operations (index math included) reach BROADCAST_REALIZE_OPS
 BROADCAST_REALIZE_FACTOR = 8
+BROADCAST_REALIZE_OPS = 120
 
 
 def expand_to(x: TensorBox, size: Sequence[Expr]) -> TensorBox:
@@ -119,7 +121,10 @@ def expand_to(x: TensorBox, size: Sequence[Expr]) -> TensorBox:
     through a computed index (a gather) that the broadcast repeats ``BROADCAST_REALIZE_FACTOR``
     times or more is realized first: Swin's relative position bias, gathered from its table and
     added to every window's scores (64 windows), was gathered again at each of them (softmax
-    over (64, 8, 49, 49) scores: 1.79 -> 1.25 ms, eager 1.07). (Transcendental values are left
+    over (64, 8, 49, 49) scores: 1.79 -> 1.25 ms, eager 1.07), or fewer times when computing it
+    costs many operations: BEiT's bias is interpolated from its table and gathered (99
+    operations an element), for each of 2 images, in both passes of the softmax (the model at
+    batch 2, one thread: 4.55 -> 4.0 ms, TorchInductor 4.19). (Transcendental values are left
     inlined: a squeeze-excitation's sigmoid or a row's exp belongs in its consumer's kernel.)"""
     size = [sympy.sympify(s) for s in size]
     old = x.get_size()
@@ -145,7 +150,9 @@ def _realize_if_repeated(x: TensorBox, size: Sequence[Expr]) -> None:
     numel, old = sympy.Mul(*size), sympy.Mul(*x.get_size())
     if not (numel.is_Integer and old.is_Integer and int(old) > 0):
         return
-    if int(numel) >= BROADCAST_REALIZE_FACTOR * int(old) and storage.data.gathers():
+    repeats = int(numel) // int(old)
+    if repeats > 1 and storage.data.gathers() and (
+            repeats >= BROADCAST_REALIZE_FACTOR or repeats * storage.data.opcount()[3] >= BROADCAST_REALIZE_OPS):
         x.realize()
 
 
