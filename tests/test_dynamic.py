@@ -693,3 +693,23 @@ def test_an_output_view_of_an_input_with_symbolic_strides_stays_a_view() -> None
     for start in (5, 9):
         x = base[start:start + 10]
         torch.testing.assert_close(compiled(x, (2, 2), (1, 2)), fn(x, (2, 2), (1, 2)))
+
+
+@pytest.mark.parametrize("case", ["index_add_alpha", "index_fill_value", "scatter_value"])
+def test_symbolic_int_scalars_of_scatters(case: str) -> None:
+    """Under dynamic=True Dynamo passes int scalars as symbols: index_add's alpha, index_fill's
+    and scatter's values reach the kernel as index expressions, not constants (the lowering
+    raised "Cannot convert expression to float"); two values, one graph, eager's results."""
+    fns = {
+        "index_add_alpha": lambda x, i, s, a: torch.index_add(x, 0, i, s, alpha=a),
+        "index_fill_value": lambda x, i, s, a: x.index_fill(0, i, a) + s.sum(),
+        "scatter_value": lambda x, i, s, a: x.scatter(0, i.unsqueeze(1).expand(-1, 3), a),
+    }
+    fn = fns[case]
+    x, i, s = torch.randn(6, 3), torch.tensor([4, 0, 2]), torch.randn(3, 3)
+    torch._dynamo.reset()
+    metrics.reset()
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for a in (-3, 5):
+        torch.testing.assert_close(compiled(x, i, s, a), fn(x, i, s, a))
+    assert metrics.graphs_compiled == 1 and not metrics.fallback_ops, (metrics.graphs_compiled, metrics.fallback_ops)

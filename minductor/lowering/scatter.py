@@ -31,6 +31,7 @@ from minductor.lowering.registry import (
     is_tensor,
     reduced_precision,
     register_lowering,
+    scalar_loader,
     to_dtype,
 )
 from minductor.virtualized import V
@@ -71,7 +72,7 @@ def _value_loader(value: Any, size: Sequence[Expr], dtype: torch.dtype) -> Calla
     if is_tensor(value):
         load = expand_to(to_dtype(value, dtype), size).make_loader()
         return load
-    return lambda index: ops.constant(value, compute)
+    return scalar_loader(value, compute)  # (a symbolic int under dynamic shapes too)
 
 
 def _dim(d: int, ndim: int) -> int:
@@ -312,7 +313,8 @@ def _index_along(x: TensorBox, dim: int, index: TensorBox, source: Any, ranges: 
 @register_lowering(aten.index_add)
 def index_add(x: TensorBox, dim: int, index: TensorBox, source: TensorBox, *, alpha: Any = 1) -> TensorBox:
     compute = torch.float32 if x.get_dtype() in (torch.float16, torch.bfloat16) else x.get_dtype()
-    scale = None if alpha == 1 else (lambda v: ops.constant(alpha, compute))
+    load_alpha = scalar_loader(alpha, compute)  # (a symbolic int under dynamic shapes too)
+    scale = None if alpha == 1 else (lambda v: load_alpha([]))
     return _index_along(x, dim, index, source, source.get_size(), "add", "index_add", scale)
 
 
