@@ -13,6 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 
+class ConfigError(ValueError):
+    """A flag holds a value minductor cannot use: raised to the user, never worked around."""
+
+
 def _env_bool(name: str, default: bool = False) -> bool:
     value = os.environ.get(name)
     if value is None:
@@ -32,6 +36,10 @@ def _default_cache_dir() -> str:
 
 # Write, per compiled graph, the FX graph, IR before/after fusion, kernels and wrapper.
 debug: bool = _env_bool("MINDUCTOR_DEBUG")
+# An internal error while compiling a graph (a bug of minductor's, a kernel the C++ compiler
+# rejects) raises. Off (the default), the graph runs through aten instead and the error is
+# logged with its traceback: a model never fails to compile. The tests run strict.
+strict: bool = _env_bool("MINDUCTOR_STRICT")
 # Where debug dumps go (one ``graph_NNN_<kind>`` folder per compiled graph).
 debug_dir: str = os.environ.get("MINDUCTOR_DEBUG_DIR") or "./minductor_debug"
 # Content-addressed kernel cache (``<cache_dir>/cpp/<key[:2]>/<key>/``).

@@ -7,6 +7,7 @@ import functools
 import logging
 import operator
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ import sympy
 import torch
 import torch.fx
 
-from minductor import metrics
+from minductor import config, metrics
 from minductor.ir.layout import FixedLayout, as_exprs
 from minductor.ir.nodes import Buffer, InputBuffer, IRNode, StorageBox, TensorBox
 from minductor.ir.views import ReinterpretView, realize_input
@@ -428,7 +429,17 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind:
         return graph_cache.CompiledGraph(kind, call, entry, constants, _not_in_aot_cache(gm),
                                          output_strides=entry.output_strides)
     before = graph_cache.metrics_snapshot()
-    result = _compile(gm, example_inputs, kind, dump, donated)
+    try:
+        result = _compile(gm, example_inputs, kind, dump, donated)
+    except config.ConfigError:
+        raise
+    except Exception as e:
+        if config.strict:
+            raise
+        metrics.internal_errors += 1
+        log.error("minductor: internal error compiling the %s graph; it runs through aten instead (please report "
+                  "this with the MINDUCTOR_DEBUG=1 dump; MINDUCTOR_STRICT=1 raises it):\n%s", kind, traceback.format_exc())
+        return graph_cache.CompiledGraph.uncached(kind, _run_aten_graph(gm), f"runs through aten: {type(e).__name__}: {e}")
     if result is None:
         return graph_cache.CompiledGraph.uncached(kind, _run_aten_graph(gm), "runs through aten")
     call, graph, module = result

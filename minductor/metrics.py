@@ -22,13 +22,16 @@ buffers_allocated: int = 0
 buffers_reused: int = 0
 # Inference graphs handed to Dynamo without AOTAutograd's runtime wrapper (direct_call.py).
 direct_graphs: int = 0
+# Graphs that ran through aten after an internal error compiling them (config.strict off).
+internal_errors: int = 0
 
 
 def reset() -> None:
     """Zero every counter; Counter objects are cleared in place so references stay valid."""
     global graphs_compiled, generated_kernel_count, cache_hits, cache_misses, buffers_allocated, buffers_reused
-    global graph_cache_hits, direct_graphs
+    global graph_cache_hits, direct_graphs, internal_errors
     graphs_compiled = 0
+    internal_errors = 0
     direct_graphs = 0
     graph_cache_hits = 0
     generated_kernel_count = 0

@@ -134,3 +134,37 @@ def test_a_fallback_of_another_dtype_than_its_fake_kernel_says_is_a_clear_error(
     fn = torch.compile(lambda x: [h * 3 for h in torch.ops.minductor_test.halves(x + 1)], backend="minductor")
     with pytest.raises(RuntimeError, match=r"minductor_test.halves.* returned torch.float64 where its fake kernel said torch.float32"):
         fn(torch.randn(8))
+
+
+@pytest.mark.parametrize("stage", ["lowering", "c++"])
+def test_an_internal_error_runs_the_graph_through_aten_unless_strict(stage: str, monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A bug of minductor's while compiling a graph (here: a lowering that raises, a kernel the
+    C++ compiler rejects) does not fail the model: the graph runs through aten, eager's results,
+    the error logged with its traceback and counted; with config.strict (the tests' setting) it
+    raises. A flag holding an unusable value is the user's to fix: it raises either way."""
+    from minductor import config
+    from minductor.codegen import cpp
+    from minductor.lowering import registry
+
+    if stage == "lowering":
+        def broken(*args, **kwargs):
+            raise RuntimeError("a lowering bug")
+
+        monkeypatch.setitem(registry.lowerings, torch.ops.aten.sin.default, broken)
+    else:
+        render = cpp.CppKernel.render
+        monkeypatch.setattr(cpp.CppKernel, "render", lambda self, code: render(self, code).replace("{\n", "{\n    not_cpp;\n", 1))
+    fn = lambda x: x.sin() * 2 + 1
+    x = torch.randn(8, 8)
+    with config.patch(strict=False, cache_dir=config.cache_dir + "_internal_error_test"), caplog.at_level("ERROR"):
+        torch.testing.assert_close(torch.compile(fn, backend="minductor")(x), fn(x))
+    assert metrics.internal_errors == 1 and metrics.graphs_compiled == 0
+    assert "internal error compiling the inference graph" in caplog.text and "Traceback" in caplog.text
+    torch._dynamo.reset()
+    with config.patch(strict=True, cache_dir=config.cache_dir + "_internal_error_test"), \
+            pytest.raises(Exception, match="a lowering bug|not_cpp"):
+        torch.compile(fn, backend="minductor")(x)
+    torch._dynamo.reset()
+    with config.patch(strict=False, cpu_gemm="blis"), pytest.raises(Exception, match="cpu_gemm"):
+        torch.compile(torch.mm, backend="minductor")(torch.randn(256, 64), torch.randn(64, 256))

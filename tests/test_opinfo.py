@@ -296,6 +296,7 @@ def test_known_failures_name_real_ops() -> None:
 
 def _report(argv: list[str]) -> None:
     global DYNAMIC
+    config.strict = True  # (an internal error is a failure, not a fallback)
     full = "--full" in argv or FULL
     DYNAMIC = "--dynamic" in argv or DYNAMIC
     dtype = DTYPE

@@ -139,7 +139,7 @@ def run_workload(name: str, fn: Callable[..., Any], args: Sequence[Any], *, with
     and every generated C++ kernel in isolation."""
     torch._dynamo.reset()
     graphs: list[tuple[Any, list[Any]]] = []
-    fallbacks_before = collections.Counter(metrics.fallback_ops)
+    fallbacks_before, errors_before = collections.Counter(metrics.fallback_ops), metrics.internal_errors
     with tempfile.TemporaryDirectory() as tmp, config.patch(debug=True, debug_dir=tmp), _record_graphs(graphs):
         compiled = torch.compile(fn, backend="minductor")
         start = time.perf_counter()
@@ -164,7 +164,8 @@ def run_workload(name: str, fn: Callable[..., Any], args: Sequence[Any], *, with
     mind = times["minductor"]
     return WorkloadReport(name, times["eager"].median, mind.median, times["inductor"].median if with_inductor else None,
                           kernels, bandwidth or measure_bandwidth(), compile_s, ind_compile, correct, mind.iqr,
-                          sorted(str(op) for op in collections.Counter(metrics.fallback_ops) - fallbacks_before))
+                          sorted(str(op) for op in collections.Counter(metrics.fallback_ops) - fallbacks_before)
+                          + ["a whole graph (internal error)"] * (metrics.internal_errors - errors_before))
 
 
 # results compared with eager: 1e-3, or about two units in the last place of a 16-bit float (a

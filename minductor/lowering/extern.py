@@ -167,7 +167,7 @@ def _onednn_mm(a: TensorBox, b: TensorBox) -> bool:
     if config.cpu_gemm == "mkl" or (config.cpu_gemm == "auto" and not onednn_gemm_pays_off()):
         return False
     if config.cpu_gemm not in ("auto", "onednn"):
-        raise ValueError(f"config.cpu_gemm (MINDUCTOR_CPU_GEMM) is {config.cpu_gemm!r}: use 'auto', 'mkl' or 'onednn'")
+        raise config.ConfigError(f"config.cpu_gemm (MINDUCTOR_CPU_GEMM) is {config.cpu_gemm!r}: use 'auto', 'mkl' or 'onednn'")
     if a.get_device().type != "cpu" or a.get_dtype() != torch.float32 or b.get_dtype() != torch.float32:
         return False
     if config.cpu_backend != "cpp":  # Triton kernels on CPU tensors keep mm.out for the matmul template
