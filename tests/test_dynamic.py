@@ -713,3 +713,17 @@ def test_symbolic_int_scalars_of_scatters(case: str) -> None:
     for a in (-3, 5):
         torch.testing.assert_close(compiled(x, i, s, a), fn(x, i, s, a))
     assert metrics.graphs_compiled == 1 and not metrics.fallback_ops, (metrics.graphs_compiled, metrics.fallback_ops)
+
+
+def test_symbolic_repeat_counts() -> None:
+    """repeat/tile whose counts Dynamo passes as symbols (an int argument under dynamic=True,
+    or a size) compile to one graph with eager's results (the lowering raised on the symbol)."""
+    fn = lambda x, n: (x.repeat(n, 1, 2), x.tile((n, x.shape[0])))
+    torch._dynamo.reset()
+    metrics.reset()
+    compiled = torch.compile(fn, backend="minductor", dynamic=True)
+    for shape, n in (((3, 4), 2), ((5, 2), 3)):
+        x = torch.randn(shape)
+        for got, want in zip(compiled(x, n), fn(x, n)):
+            torch.testing.assert_close(got, want)
+    assert metrics.graphs_compiled == 1 and not metrics.fallback_ops, (metrics.graphs_compiled, metrics.fallback_ops)

@@ -363,7 +363,8 @@ def repeat(x: TensorBox, repeats: Sequence[int]) -> TensorBox:
     lead = len(repeats) - len(size)
     if lead < 0:
         raise Unsupported("repeat with fewer repeats than dims (eager raises)")
-    out_size = [sympy.Integer(r) for r in repeats[:lead]] + [s * r for s, r in zip(size, repeats[lead:])]
+    repeats = [sympy.sympify(r) for r in repeats]  # (symbolic under dynamic shapes)
+    out_size = list(repeats[:lead]) + [s * r for s, r in zip(size, repeats[lead:])]
     load = x.make_loader()
 
     def inner_fn(idx: Sequence[Expr]) -> Any:
