@@ -39,9 +39,9 @@ def test_nearest_resize_matches_eager_bit_for_bit(dtype: torch.dtype, shape: tup
     # exact scale (x * 0.5, x * 2.0 in float32) reads at computed positions instead
     # (lowering/indexing.static_positions), no gather at all
     if scale != 3:
-        assert "mi_window_gather(" not in source and "mi_err" not in source, source
+        assert "mi_window_fetch<" not in source and "mi_err" not in source, source
     elif dtype.itemsize in window_sizes() and shape[-1] * scale >= 16:
-        assert "mi_window_gather(" in source, source
+        assert "mi_window_fetch<" in source, source
 
 
 @pytest.fixture
@@ -64,7 +64,8 @@ def test_window_reads_each_row_through_a_plan_made_once(tmp_path: Path) -> None:
     loops = source[source.index("#pragma omp parallel"):]
     prologue = source[:source.index("#pragma omp parallel")]
     assert prologue.count("mi_window_plan<4>(") == 2 and "mi_window_plan" not in loops  # x0 and x1 columns
-    assert loops.count("mi_window_gather(") == 4  # two rows, two columns each
+    assert loops.count("mi_window_fetch<float, 2>(") == 2  # two rows, two columns each
+    assert len(re.findall(r"__restrict__ mi_window\d+ = ", loops)) == 4
     inner = loops[loops.rindex("for (int64_t"):]
     assert "in_ptr0[" not in inner, inner
 
@@ -78,7 +79,7 @@ def test_window_gathers_keep_the_loop_vectorized_whatever_the_gather_speed(fast:
     monkeypatch.setattr(cpp_unit, "vector_gathers_pay_off", lambda: fast)
     x = torch.randn(3, 4, 11 + fast, 37)  # (a shape of its own: no graph compiled under the other rule)
     source = _source(lambda x: F.interpolate(x, scale_factor=3) * 2, x, tmp_path=tmp_path)  # (1/3: indirect)
-    assert "mi_window_gather(" in source and "#pragma omp simd" in source[source.index("mi_window_gather("):]
+    assert "mi_window_fetch<" in source and "#pragma omp simd" in source[source.index("mi_window_fetch<"):]
 
 
 def test_tabled_index_out_of_range_still_raises(tmp_path: Path) -> None:
@@ -108,7 +109,7 @@ def test_pads_copy_rows_without_gathers(name: str, width: int, dims: int, tmp_pa
     pads = (3, 4, 1, 2, 2, 1)[:2 * dims]
     x = torch.randn(*(2, 3, 4, 5)[:dims], width)
     source = _source(lambda x: F.pad(x, pads, mode=name), x, tmp_path=tmp_path)
-    assert "mi_window_gather(" not in source and "mi_table" not in source and "mi_bad" not in source, source
+    assert "mi_window_fetch<" not in source and "mi_table" not in source and "mi_bad" not in source, source
     assert re.search(r"for \(int64_t (\w+) = 3; \1 < %d; \1\+\+\)" % (width + 3), source), source  # the middle
 
 
@@ -116,7 +117,7 @@ def test_an_index_read_from_memory_is_not_tabled(tmp_path: Path) -> None:
     """Indices a tensor holds go where they like: they stay a gather, not a window read."""
     x, i = torch.randn(8, 300), torch.randint(0, 300, (200,))
     source = _source(lambda x, i: x[:, i] * 2, x, i, tmp_path=tmp_path)
-    assert "mi_window_gather(" not in source and "mi_table" not in source, source
+    assert "mi_window_fetch<" not in source and "mi_table" not in source, source
 
 
 @pytest.mark.usefixtures("float_windows")
@@ -129,15 +130,15 @@ def test_a_resampling_loop_streams_its_output_and_a_blending_one_does_not(tmp_pa
         nearest = _source(lambda x: F.interpolate(x, scale_factor=3), x, tmp_path=tmp_path / "nearest")
         bilinear = _source(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), x, tmp_path=tmp_path / "bilinear",
                            exact=False)
-    assert "mi_window_gather(" in nearest and "mi_stream_store(" in nearest and "mi_stream_fence()" in nearest, nearest
-    assert "mi_window_gather(" in bilinear and "mi_stream_store(" not in bilinear, bilinear
+    assert "mi_window_fetch<" in nearest and "mi_stream_store(" in nearest and "mi_stream_fence()" in nearest, nearest
+    assert "mi_window_fetch<" in bilinear and "mi_stream_store(" not in bilinear, bilinear
 
 
 def test_an_index_read_from_memory_and_converted_gets_no_window(tmp_path: Path) -> None:
     """A costly conversion tables such an index, but its values still go where they like."""
     x, i = torch.randn(8, 300), torch.randint(0, 300, (200,))
     source = _source(lambda x, i: x[:, i.int().abs()] * 2, x, i, tmp_path=tmp_path)
-    assert "mi_window_gather(" not in source, source
+    assert "mi_window_fetch<" not in source, source
 
 
 def test_window_buffers_stay_within_their_stack_budget(tmp_path: Path) -> None:
@@ -147,7 +148,7 @@ def test_window_buffers_stay_within_their_stack_budget(tmp_path: Path) -> None:
 
     x = torch.randn(1, 2, 3, 3000, dtype=torch.float64)
     source = _source(lambda x: F.interpolate(x, scale_factor=2, mode="bicubic"), x, tmp_path=tmp_path, exact=False)
-    windows = source.count("mi_window_gather(")
+    windows = len(re.findall(r"__restrict__ mi_window\d+ = ", source))
     assert windows * 6000 * 8 <= WINDOW_STACK_BYTES and (windows > 0 or 8 not in window_sizes()), windows
 
 
@@ -155,10 +156,11 @@ def test_window_buffers_stay_within_their_stack_budget(tmp_path: Path) -> None:
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("case", ["bilinear_2x", "bilinear_ac_odd", "bicubic", "nearest_3x"])
 def test_threads_keep_their_windows_across_rows(case: str, threads: int, tmp_path: Path) -> None:
-    """Each thread of the parallel region declares its windows once and gathers a window again
-    only where its row differs from the last one it read: an upsample's output rows read each
-    source row two or more times. Row counts that split unevenly over the threads and sizes
-    that repeat rows and that do not give eager's results."""
+    """Each thread of the parallel region declares a pool of windows per (tensor, table) once
+    and reads a window only where no buffer of the pool holds its row (mi_window_fetch): an
+    upsample's output rows read each source row two or more times. Row counts that split
+    unevenly over the threads and sizes that repeat rows and that do not give eager's
+    results."""
     fns = {
         "bilinear_2x": (lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), (3, 5, 13, 40)),
         "bilinear_ac_odd": (lambda x: F.interpolate(x, size=(29, 71), mode="bilinear", align_corners=True), (2, 3, 11, 40)),
@@ -176,10 +178,10 @@ def test_threads_keep_their_windows_across_rows(case: str, threads: int, tmp_pat
     finally:
         torch.set_num_threads(before)
     source = "\n".join(p.read_text() for p in sorted(tmp_path.glob("graph_*/cpp_fused_*.cpp")))
-    windows = re.findall(r"mi_window_gather\([^;]*, (mi_window\d+)\);", source)
-    assert windows, source
+    pools = re.findall(r"mi_window_fetch<\w+, (\d+)>\([^;]*, (mi_pool\d+), \2_at, mi_want, \2_got\);", source)
+    assert pools, source
     region = source[source.index("#pragma omp parallel"):] if "#pragma omp parallel" in source else source
-    for w in windows:
-        declared = region.index(f"int64_t {w}_at = mi_lowest<int64_t>();")
+    for k, pool in pools:
+        declared = region.index(f"int64_t {pool}_at[{k}];")
         assert declared < region.index("#pragma omp for") if "#pragma omp for" in region else True
-        assert re.search(rf"if \({w}_at != [^)]*\)\s*\{{\s*mi_window_gather\(", source), source
+        assert len(re.findall(rf"__restrict__ mi_window\d+ = {pool}_got\[\d+\];", source)) == int(k), source

@@ -19,12 +19,15 @@ A read qualifies when its index is the table's value plus an offset the innermos
 not change, and when a permutation of the element's size is one instruction (AVX-512: 4 and 8
 bytes, and 2 with AVX512BW; AVX2: 4 bytes).
 
-Each thread of the parallel region declares its windows once (``kernel.thread_state``,
-``cpp_stream.parallel_region``) with the offset each was read from, and gathers a window again
-only where that changes: an upsample's consecutive output rows read the same source rows (2x
-bilinear: each pair twice). Kernels alone, interleaved, Zen 4, two threads: bilinear 2x of
-(8, 64, 128, 128) 9.6 -> 7.7 ms (one thread 30.3 -> 19.5), align_corners to 300x300 15.0 ->
-10.9, bicubic 2x of (4, 32, 128, 128) 13.8 -> 11.9, nearest 3x of (8, 64, 96, 96) 5.2 -> 4.6.
+Each thread of the parallel region keeps its windows across the nest's iterations: a pool of
+buffers per (tensor, table) with the row offset each holds (``kernel.thread_state``,
+``cpp_stream.parallel_region``), and ``mi_window_fetch`` reads only the rows no buffer holds:
+an upsample's consecutive output rows read the same source rows (2x bilinear: each pair twice,
+and each row in two pairs). Kernels alone, interleaved, Zen 4, two threads, each window kept in
+its own buffer: bilinear 2x of (8, 64, 128, 128) 9.6 -> 7.7 ms (one thread 30.3 -> 19.5),
+align_corners to 300x300 15.0 -> 10.9, bicubic 2x of (4, 32, 128, 128) 13.8 -> 11.9, nearest 3x
+of (8, 64, 96, 96) 5.2 -> 4.6; any buffer of the pool: bicubic 21.2 -> 19.5 (a slow phase),
+bilinear within noise (9.7 -> 9.9; one thread 13.0 -> 12.2).
 """
 from __future__ import annotations
 
@@ -69,6 +72,7 @@ def stage_window_gathers(kernel: Any, code: CodeBuffer, start: int, inner: str, 
              if (m := re.match(rf"^\s*auto (tmp\d+) = (mi_table\d+)\[{inner}\];$", line)) and m.group(2) in tables}
     before = {m.group(1) for line in code.lines[start:loop] if (m := _DEF.match(line))}
     staged: list[str] = []
+    pools: dict[tuple[str, str, Any], list[tuple[str, str]]] = {}  # (pointer, table, dtype) -> (window, offset)
     plans: dict[str, set[int]] = {}
     done: set[str] = set()
     stack_bytes = 0
@@ -94,19 +98,14 @@ def stage_window_gathers(kernel: Any, code: CodeBuffer, start: int, inner: str, 
         for i in rows:
             code.lines[i] = code.lines[i].replace(access, f"{window}[{inner}]")
         offset = cpp_index(simplify_index(sympy.expand(index.xreplace({via[0]: 0})), kernel.range_of))
-        # each thread keeps the window and where it was read from across the nest's iterations:
-        # a row the next output row reads again (an upsample's) is not gathered again
-        kernel.thread_state += [f"alignas(64) {CPP_STORAGE_TYPES[dtype]} {window}[{size}];",
-                                f"int64_t {window}_at = mi_lowest<int64_t>();"]
-        staged += [f"if ({window}_at != {offset})",
-                   "{",
-                   f"    mi_window_gather({arg} + ({offset}), {table}, {table}_plan{dtype.itemsize}, {size}, {window});",
-                   f"    {window}_at = {offset};",
-                   "}"]
+        pools.setdefault((arg, table, dtype), []).append((window, offset))
         plans.setdefault(table, set()).add(dtype.itemsize)
         done.add(access)
-    if not staged:
+    if not done:
         return 0
+    for (arg, table, dtype), windows in pools.items():
+        pool = f"mi_pool{sum(line.startswith('alignas') for line in kernel.thread_state)}"
+        staged += _fetch_windows(kernel, pool, arg, table, dtype, size, windows)
     first = loop - 1 if code.lines[loop - 1].strip().startswith("#pragma") else loop
     # with no gather left, the kernel loses no vector loop where gathers do not pay off, and
     # may stream its output
@@ -125,6 +124,27 @@ def stage_window_gathers(kernel: Any, code: CodeBuffer, start: int, inner: str, 
                 f"alignas(64) int32_t {table}_plan{s}[{size} / (MI_WINDOW_BYTES / {s}) + 1];",
                 f"mi_window_plan<{s}>({table}, {size}, {table}_plan{s});")]
     return len(done)
+
+
+def _fetch_windows(kernel: Any, pool: str, arg: str, table: str, dtype: Any, size: int,
+                   windows: list[tuple[str, str]]) -> list[str]:
+    """The lines that point each of ``windows`` (name, row offset), read from ``arg`` through
+    ``table``, at a buffer of the thread's ``pool`` holding it (``mi_window_fetch``): a row the
+    last iteration read (into any of the pool's buffers) is not read again. The pool and the
+    offsets its buffers hold go to ``kernel.thread_state``."""
+    ctype, k = CPP_STORAGE_TYPES[dtype], len(windows)
+    stride = -(-size * dtype.itemsize // 64) * 64 // dtype.itemsize  # (each buffer 64-byte aligned)
+    kernel.thread_state += [f"alignas(64) {ctype} {pool}[{k * stride}];",
+                            f"int64_t {pool}_at[{k}];",
+                            f"for (int mi_k = 0; mi_k < {k}; mi_k++) {pool}_at[mi_k] = mi_lowest<int64_t>();"]
+    want = ", ".join(offset for _, offset in windows)
+    return [f"const {ctype}* {pool}_got[{k}];",
+            "{",
+            f"    const int64_t mi_want[{k}] = {{{want}}};",
+            f"    mi_window_fetch<{ctype}, {k}>({arg}, {table}, {table}_plan{dtype.itemsize}, {size}, {stride}, {pool}, "
+            f"{pool}_at, mi_want, {pool}_got);",
+            "}",
+            *[f"const {ctype}* __restrict__ {window} = {pool}_got[{w}];" for w, (window, _) in enumerate(windows)]]
 
 
 def _stream_output(kernel: Any, code: CodeBuffer, first: int, loop: int, end: int, inner: str, size: int) -> None:

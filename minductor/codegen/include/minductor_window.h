@@ -83,3 +83,29 @@ static inline void mi_window_gather(const T* row, const int32_t* table, const in
     }
     for (; b < n; b++) out[b] = row[table[b]];
 }
+
+// Windows of one row tensor through one table, kept by a thread across a loop nest's
+// iterations: `pool` holds K buffers of `stride` values (at[b]: the row offset buffer b holds,
+// mi_lowest when none). Points got[w] at a buffer holding the window at offset want[w], reading
+// only those no buffer holds into buffers no other window of this call takes: a bilinear
+// upsample's two rows, one of which the next output rows read again.
+template <typename T, int K>
+static inline void mi_window_fetch(const T* src, const int32_t* table, const int32_t* plan, int64_t n, int64_t stride,
+                                   T* pool, int64_t* at, const int64_t* want, const T** got) {
+    bool taken[K] = {};
+    bool found[K] = {};
+    for (int w = 0; w < K; w++)
+        for (int b = 0; b < K; b++)
+            if (at[b] == want[w]) { taken[b] = found[w] = true; got[w] = pool + b * stride; break; }
+    for (int w = 0; w < K; w++) {
+        if (found[w]) continue;
+        int b = 0;
+        while (taken[b]) b++;
+        mi_window_gather(src + want[w], table, plan, n, pool + b * stride);
+        at[b] = want[w];
+        taken[b] = true;
+        got[w] = pool + b * stride;
+        for (int v = w + 1; v < K; v++)  // (two windows of one offset share the buffer)
+            if (!found[v] && want[v] == want[w]) { found[v] = true; got[v] = got[w]; }
+    }
+}
