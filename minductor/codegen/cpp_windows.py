@@ -138,11 +138,12 @@ def _fetch_windows(kernel: Any, pool: str, arg: str, table: str, dtype: Any, siz
                             f"int64_t {pool}_at[{k}];",
                             f"for (int mi_k = 0; mi_k < {k}; mi_k++) {pool}_at[mi_k] = mi_lowest<int64_t>();"]
     want = ", ".join(offset for _, offset in windows)
+    fetch = (f"mi_window_fetch<{ctype}, {k}>({arg}, {table}, {table}_plan{dtype.itemsize}, {size}, {stride}, "
+             f"{pool}, {pool}_at, mi_want, {pool}_got);")
     return [f"const {ctype}* {pool}_got[{k}];",
             "{",
             f"    const int64_t mi_want[{k}] = {{{want}}};",
-            f"    mi_window_fetch<{ctype}, {k}>({arg}, {table}, {table}_plan{dtype.itemsize}, {size}, {stride}, {pool}, "
-            f"{pool}_at, mi_want, {pool}_got);",
+            f"    {fetch}",
             "}",
             *[f"const {ctype}* __restrict__ {window} = {pool}_got[{w}];" for w, (window, _) in enumerate(windows)]]
 
