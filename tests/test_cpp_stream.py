@@ -275,3 +275,20 @@ def test_half_and_bfloat16_outputs_stream_rounded_in_blocks(tmp_path, dtype, cas
         plain = torch.compile(fn, backend="minductor", dynamic=dynamic)(x, w)
     assert torch.equal(streamed.view(torch.int16), plain.view(torch.int16))
     torch.testing.assert_close(streamed, fn(x, w), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("op", ["index_put_acc", "index_add"])
+def test_scatters_of_rows_prefetch_the_next_row_for_writing(tmp_path, op: str) -> None:
+    """A scatter that updates a chunk of a row picked by a per-row index prefetches the next
+    row's chunk for writing (its index computed before the chunk's loop, clamped at the last
+    row); repeated indices and the last row give eager's results."""
+    x, v = torch.randn(300, 700), torch.randn(900, 700)
+    i = torch.randint(0, 300, (900,))
+    fn = (lambda x, i, v: x.index_put((i,), v, accumulate=True)) if op == "index_put_acc" else (
+        lambda x, i, v: x.index_add(0, i, v, alpha=2))
+    torch._dynamo.reset()
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        torch.testing.assert_close(torch.compile(fn, backend="minductor")(x, i, v), fn(x, i, v), rtol=1e-4, atol=1e-4)
+    code = "\n".join(p.read_text() for p in tmp_path.glob("graph_*/cpp_*.cpp"))
+    assert "const int64_t mi_next_row = mi_min_i64(xo0 + 1, 900 - 1);" in code, code
+    assert re.search(r"__builtin_prefetch\(&in_out_ptr0\[mi_line_at \+ 700L\*tmp\d+_next\], 1, 3\);", code), code

@@ -457,7 +457,7 @@ class CppKernel:
         declare_rows(code, self.rows)
         if len(loops) == 1 and chunk:
             emit_chunk_loop(code, outer.variables[-1], f"mi_min_i64(mi_c0 + {chunk}, {cpp_index(outer.sizes[-1])})",
-                            lambda body: self.emit_loop(body, outer, loops[0]))
+                            lambda body: self.emit_loop(body, outer, loops[0]), self)
         elif len(loops) == 1:
             self.emit_loop(code, outer, loops[0])
             if n == 1 and pure_pointwise and not defer and outer.sizes[0].is_Integer and outer.sizes[0] > 0:

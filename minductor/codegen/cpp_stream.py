@@ -289,19 +289,26 @@ def open_chunks(code: CodeBuffer, size: Expr, chunk: int) -> int:
     return 1
 
 
-def emit_chunk_loop(code: CodeBuffer, var: sympy.Symbol, end: str, emit_body: Callable[[CodeBuffer], None]) -> None:
+def emit_chunk_loop(code: CodeBuffer, var: sympy.Symbol, end: str, emit_body: Callable[[CodeBuffer], None],
+                    kernel: CppKernel | None = None) -> None:
     """``for var in [mi_c0, end)`` around the body ``emit_body`` writes, the body's invariant
     lines before the loop: a scatter's chunk of columns it writes apart (``index_put`` of rows,
     ``index_add`` along dim 0), whose lanes never store to one place, so the loop is ``omp
     simd``; the suite's index_put_acc kernel ran 2.3 ms serially, 4.1 ms in chunks with the
     row's index read and checked per column, 1.5 ms with it hoisted (kernels alone, one
-    process, a 2-core Xeon)."""
+    process, a 2-core Xeon). With ``kernel`` (whose body ``emit_body`` emits), a row picked by a
+    per-row index has the next row's chunk prefetched (``cpp_row_prefetch``)."""
     body = CodeBuffer()
     emit_body(body)
     lines = [line.strip() for line in body.lines if line.strip() not in ("{", "}")]
     hoisted, rest = hoist_invariant_lines(lines, str(var))
     for line in hoisted:
         code.writeline(line)
+    rows = plan_row_prefetch([*kernel.body_loads, *kernel.body_stores], hoisted, var, kernel.range_of) if kernel else None
+    if rows is not None and rows.next_row:
+        written = {m.group(1) for line in rest if (m := re.match(r"(\w+)\[.*\] = ", line))}
+        for line in rows.setup + rows.whole_next_row("mi_c0", end, written):
+            code.writeline(line)
     code.writeline("#pragma omp simd")
     code.writeline(f"for (int64_t {var} = mi_c0; {var} < {end}; {var}++)")
     with code.indent():
