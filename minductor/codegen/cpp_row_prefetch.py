@@ -1,5 +1,5 @@
-"""Prefetches for a streamed loop that reads a row picked by a per-row index (an embedding row,
-``index_select``, ``x[i]``).
+"""Prefetches for a loop over a row picked by a per-row index: a streamed loop reading it (an
+embedding row, ``index_select``, ``x[i]``), a scatter's chunk updating it.
 
 Such a row is a contiguous run at an address no hardware prefetcher predicts: the prefetchers
 follow a run within a 4 KB page and restart at each new one, and none knows where the next
@@ -17,7 +17,8 @@ second, 3.19 with both (7.62, 6.15, 5.64, 5.79 ms); an embedding of 8192 rows of
 A scatter that updates a chunk of a row picked by a per-row index (``index_put`` with
 ``accumulate``, ``index_add`` along dim 0: ``cpp_stream.emit_chunk_loop``) prefetches the next
 row's chunk for writing before it updates this one: the suite's index_put_acc kernel 3.36-3.43
--> 3.02-3.09 ms (prefetching the values' next rows too: 3.18-3.20).
+-> 3.02-3.09 ms written by hand (prefetching the values' next rows too: 3.18-3.20), 2.93 -> 2.73
+as generated (another bandwidth phase).
 """
 from __future__ import annotations
 
