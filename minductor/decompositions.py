@@ -133,16 +133,19 @@ def _linspace_16bit(start: Any, end: Any, steps: int, dtype: torch.dtype, device
     def rounded(t: torch.Tensor) -> torch.Tensor:
         return t.to(dtype).to(torch.float32)
 
-    def bound(value: Any) -> torch.Tensor:
-        value = value.to(dtype) if isinstance(value, torch.Tensor) else torch.full((), value, dtype=dtype, device=device)
-        return value.to(torch.float32)
-
-    first, last = bound(start), bound(end)
+    first, last = _bound_in(start, dtype, device, torch.float32), _bound_in(end, dtype, device, torch.float32)
     step = rounded(rounded(last - first) / (steps - 1))
     index = torch.arange(steps, device=device)
     ahead, back = rounded(index.to(torch.float32)), rounded((steps - 1 - index).to(torch.float32))
     low, high = rounded(first + rounded(step * ahead)), rounded(last - rounded(step * back))
     return torch.where(index < steps // 2, low, high).to(dtype)
+
+
+def _bound_in(value: Any, dtype: torch.dtype, device: Any, compute: torch.dtype) -> torch.Tensor:
+    """A linspace or logspace bound (a number or a 0-d tensor) rounded to ``dtype``, as a
+    ``compute`` tensor."""
+    value = value.to(dtype) if isinstance(value, torch.Tensor) else torch.full((), value, dtype=dtype, device=device)
+    return value.to(compute)
 
 
 def _integer_bound(value: Any, dtype: torch.dtype) -> Any:
@@ -171,12 +174,7 @@ def _logspace(start: Any, end: Any, steps: int, base: float = 10.0, *, dtype: to
     if not dtype.is_floating_point or steps <= 1 or base < 0:
         return _TORCH_LOGSPACE(start, end, steps, base, dtype=dtype, **kwargs)
     device = kwargs.get("device")
-
-    def rounded(value: Any) -> torch.Tensor:
-        value = value.to(dtype) if isinstance(value, torch.Tensor) else torch.full((), value, dtype=dtype, device=device)
-        return value.to(torch.float64)
-
-    first, last = rounded(start), rounded(end)
+    first, last = _bound_in(start, dtype, device, torch.float64), _bound_in(end, dtype, device, torch.float64)
     step = (last - first).to(dtype).to(torch.float64) / (steps - 1)
     index = torch.arange(steps, dtype=torch.float64, device=device)
     exponent = torch.where(index < steps // 2, first + step * index, last - step * (steps - 1 - index))

@@ -67,7 +67,7 @@ def test_op_count_skips_index_math_and_counts_shared_values_once() -> None:
         return ops.add(ops.mul(shared, shared), ops.mul(shared, shared))
 
     node = Pointwise(device=torch.device("cpu"), dtype=torch.float32, inner_fn=inner_fn, ranges=[8])
-    data_ops, loads, transcendental, all_ops = node.opcount()
+    data_ops, loads, transcendental, all_ops, _ = node.opcount()
     assert (data_ops, loads, transcendental) == (4, 1, 1)  # add, exp, mul, add; one load
     assert all_ops == data_ops + 4  # index_expr, constant, mul, to_dtype
 

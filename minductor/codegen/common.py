@@ -15,6 +15,28 @@ from minductor.ir.indexing import FloorDiv, ModularIndexing
 
 Expr = sympy.Expr
 
+_IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
+
+
+def definition_names(roots: Sequence[str], definitions: dict[str, str]) -> list[str] | None:
+    """The ``tmp`` names ``roots`` are computed from, transitively, themselves included, given
+    each one's C++ expression in ``definitions``; None when one of them has none."""
+    names: list[str] = []
+    pending = list(roots)
+    while pending:
+        name = pending.pop()
+        if name in names:
+            continue
+        expr = definitions.get(name)
+        if expr is None:
+            if name.startswith("tmp"):
+                return None
+            continue
+        names.append(name)
+        pending.extend(n for n in _IDENT.findall(expr) if n.startswith("tmp"))
+    return names
+
+
 CPP_TYPES = {
     torch.float32: "float", torch.float64: "double", torch.float16: "mi_half",
     torch.bfloat16: "mi_bf16", torch.int64: "int64_t", torch.int32: "int32_t",

@@ -23,6 +23,7 @@ from minductor.codegen.common import (
     CodeBuffer,
     KernelArgs,
     cpp_index,
+    definition_names,
     from_storage,
     paren,
     stored_bits,
@@ -254,22 +255,8 @@ class CppKernel:
         (tmp -> expression) may be passed by a caller walking many values."""
         if definitions is None:
             definitions = {v: e for e, v in self.cse.cache.items()}
-        exprs: list[str] = []
-        seen: set[str] = set()
-        pending = [var]
-        while pending:
-            name = pending.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            expr = definitions.get(name)
-            if expr is None:
-                if name.startswith("tmp"):
-                    return None
-                continue
-            exprs.append(expr)
-            pending.extend(n for n in _IDENT.findall(expr) if n.startswith("tmp"))
-        return exprs
+        names = definition_names([var], definitions)
+        return None if names is None else [definitions[n] for n in names]
 
     def _varies(self, exprs: list[str] | None) -> bool:
         if self.innermost is None or exprs is None:

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import sympy
 import torch
 
-from minductor.codegen.common import cpp_index
+from minductor.codegen.common import cpp_index, definition_names
 from minductor.ir.indexing import affine_coeffs, index_symbol, simplify_index
 
 Expr = sympy.Expr
@@ -91,17 +91,12 @@ def plan_row_prefetch(loads: Sequence[tuple[str, Expr, torch.dtype]], hoisted: l
         return None
     ahead = [(arg, simplify_index(sympy.expand(index.xreplace({var: line_at + ROW_AHEAD_BYTES // dtype.itemsize})), range_of),
               ROW_AHEAD_BYTES // dtype.itemsize, dtype.itemsize) for arg, index, dtype in rows]
-    # the index's definitions, and the loop variables they read
-    needed, todo = set(), [str(s) for _, index, _ in rows for s in index.free_symbols if str(s) in defs]
-    while todo:
-        name = todo.pop()
-        if name not in needed:
-            needed.add(name)
-            todo += [n for n in _NAME.findall(defs[name]) if n in defs]
+    # the index's definitions (all among the hoisted lines), and the loop variables they read
+    needed = definition_names([str(s) for _, index, _ in rows for s in index.free_symbols if str(s) in defs], defs)
     loop_vars = {str(v): v for v in range_of if v != var}
-    used = {n for name in needed for n in _NAME.findall(defs[name]) if n in loop_vars}
+    used = {n for name in needed or () for n in _NAME.findall(defs[name]) if n in loop_vars}
     # (a read that also moves with another loop variable, or an index that does, has no one next row)
-    if len(used) != 1 or any(str(s) in loop_vars for _, index, _ in rows for s in index.free_symbols):
+    if needed is None or len(used) != 1 or any(str(s) in loop_vars for _, index, _ in rows for s in index.free_symbols):
         return RowPrefetch([], ahead, [])
     row = loop_vars[used.pop()]
     renamed = {name: f"{name}_next" for name in needed} | {str(row): "mi_next_row"}

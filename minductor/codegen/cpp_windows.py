@@ -103,9 +103,8 @@ def stage_window_gathers(kernel: Any, code: CodeBuffer, start: int, inner: str, 
         done.add(access)
     if not done:
         return 0
-    for (arg, table, dtype), windows in pools.items():
-        pool = f"mi_pool{sum(line.startswith('alignas') for line in kernel.thread_state)}"
-        staged += _fetch_windows(kernel, pool, arg, table, dtype, size, windows)
+    for i, ((arg, table, dtype), windows) in enumerate(pools.items()):
+        staged += _fetch_windows(kernel, f"mi_pool{i}", arg, table, dtype, size, windows)
     first = loop - 1 if code.lines[loop - 1].strip().startswith("#pragma") else loop
     # with no gather left, the kernel loses no vector loop where gathers do not pay off, and
     # may stream its output

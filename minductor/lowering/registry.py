@@ -151,8 +151,10 @@ def _realize_if_repeated(x: TensorBox, size: Sequence[Expr]) -> None:
     if not (numel.is_Integer and old.is_Integer and int(old) > 0):
         return
     repeats = int(numel) // int(old)
-    if repeats > 1 and storage.data.gathers() and (
-            repeats >= BROADCAST_REALIZE_FACTOR or repeats * storage.data.opcount()[3] >= BROADCAST_REALIZE_OPS):
+    if repeats < 2:
+        return
+    count = storage.data.opcount()
+    if count.indirect and (repeats >= BROADCAST_REALIZE_FACTOR or repeats * count.all_ops >= BROADCAST_REALIZE_OPS):
         x.realize()
 
 
