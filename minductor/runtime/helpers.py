@@ -106,10 +106,11 @@ def check_dtype(t: torch.Tensor, dtype: torch.dtype, op: str) -> torch.Tensor:
     return t
 
 
-def check_index_error(flag: torch.Tensor, kernel: str) -> None:
+def check_index_error(flag: torch.Tensor | int, kernel: str) -> None:
     """Raise eager's error when a kernel flagged one: 1 = an out-of-range index (gather, index,
-    scatter...), 2 = an integer division by zero."""
-    code = int(flag[0])
+    scatter...), 2 = an integer division by zero. ``flag``: the C++ kernel's (an int) or a
+    Triton kernel's (a one-element tensor)."""
+    code = flag if isinstance(flag, int) else int(flag[0])
     if code & 2:
         raise RuntimeError(f"ZeroDivisionError (minductor: integer division by zero in kernel {kernel}, "
                            "as eager raises for this input)")
