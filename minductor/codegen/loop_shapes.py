@@ -495,13 +495,17 @@ def outer_lane_var(group: FusedGroup, outer: MergedDims) -> sympy.Symbol | None:
         # embedding bag's rows, contiguous along the outer dim, count as reads too)
         indirect = [e for e in node.read_writes.index_exprs if is_indirect(e)]
         for index in [dep.index for dep in node.read_writes.reads if isinstance(dep, MemoryDep)] + indirect:
-            along_r = affine_coeffs(index, [r_last])
-            if along_r is not None and along_r[r_last] == 1:
-                # contiguous along the reduced dim, however its row is found (a window of a
-                # rolled image picked by div/mod of the row: per lane, that was a gather)
-                return None
             coeffs = affine_coeffs(index, [x_last, r_last])
-            if coeffs is None or coeffs[x_last] == 0:
+            if coeffs is None:
+                along_r = affine_coeffs(index, [r_last])
+                if along_r is not None and along_r[r_last] == 1 and index.has(x_last):
+                    # contiguous along the reduced dim, its row found by div/mod of the outer
+                    # index (a window of a rolled image): lanes across rows would gather
+                    return None
+                continue
+            if coeffs[x_last] == 0:
                 continue  # the same for every outer index: a broadcast, not a stream
+            if coeffs[r_last] == 1:
+                return None
             contiguous_outer |= coeffs[x_last] == 1
     return outer.variables[-1] if contiguous_outer else None
