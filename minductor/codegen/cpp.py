@@ -30,7 +30,7 @@ from minductor.codegen.common import (
     to_storage,
 )
 from minductor.codegen.cpp_calls import may_batch
-from minductor.codegen.cpp_interior import emit_innermost
+from minductor.codegen.cpp_interior import emit_innermost, pieces
 from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
 from minductor.codegen.cpp_stream import (
     emit_chunk_loop,
@@ -686,18 +686,24 @@ class CppKernel:
         if self.row_streams:
             finish_rows(self, code, str(var), end, tail, streams, self.row_streams)
             return
+        # a concatenation along the reduced dim: a loop per part, its tests constant there
+        parts = (pieces(self, var, size, self.body.lines, align=self.lanes)
+                 if not streams and not wide and begin == "0" else None)
+        spans = [(str(lo), str(hi), lines) for lo, hi, lines in parts[:-1]] + [(str(parts[-1][0]), "mi_main", parts[-1][2])] \
+            if parts else [(begin, "mi_main", self.body.lines)]
         for i, width in enumerate([] if streams else [wide, self.lanes] if wide else [self.lanes]):
             if wide:
                 code.writeline(f"{'else' if i else f'if (mi_wl == {wide})'}")
                 code.writeline("{")
                 code._indent += 1
-            code.writeline(f"for (int64_t mi_base = {begin}; mi_base < mi_main; mi_base += {width})")
-            code.writeline("{")
-            with code.indent(open_brace=False):
-                if self.welford_accs:
-                    code.writeline(f"const double mi_rw = 1.0 / static_cast<double>((mi_base - {begin}) / {width} + 1);")
-                lane_loop(code, str(var), width, self.body.lines)
-            code.writeline("}")
+            for lo, hi, lines in spans:
+                code.writeline(f"for (int64_t mi_base = {lo}; mi_base < {hi}; mi_base += {width})")
+                code.writeline("{")
+                with code.indent(open_brace=False):
+                    if self.welford_accs:
+                        code.writeline(f"const double mi_rw = 1.0 / static_cast<double>((mi_base - {begin}) / {width} + 1);")
+                    lane_loop(code, str(var), width, lines)
+                code.writeline("}")
             if wide:
                 code._indent -= 1
                 code.writeline("}")

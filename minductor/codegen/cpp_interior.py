@@ -24,6 +24,8 @@ from minductor.codegen.loop_shapes import LINE
 
 Expr = sympy.Expr
 MIN_SIZE = 16  # a shorter innermost loop keeps one loop: the split would cost more than it saves
+MAX_PIECES = 8  # a loop cut into more pieces than this keeps its tests (code size)
+MIN_PIECE = 16  # nor is it cut into pieces shorter than this
 
 
 def record_comparison(kernel: Any, name: str, op: str, a: str, b: str) -> None:
@@ -62,27 +64,12 @@ def interior(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> In
     ``var`` the interior is ``[lo, hi)``; along outer variables it is the guard."""
     if not size.is_Integer or int(size) < MIN_SIZE or not kernel.index_tests:
         return None
-    defined = {line.split(" = ", 1)[0].removeprefix("auto ").strip() for line in lines if line.lstrip().startswith("auto ")}
-    tests: dict[sympy.Symbol, list[tuple[str, int, int]]] = {}  # variable -> (name, a, b): a v + b >= 0
-    extents: dict[sympy.Symbol, int] = {}
-    for name, expr in kernel.index_tests.items():
-        if name not in defined or len(expr.free_symbols) != 1 or not _is_loop_var(next(iter(expr.free_symbols))):
-            continue
-        (v,) = expr.free_symbols
-        if not expr.is_polynomial(v):  # (a FloorDiv)
-            continue
-        coeffs = sympy.Poly(expr, v).all_coeffs()
-        extent = size if v == var else kernel.range_of.get(v)
-        if len(coeffs) == 2 and all(c.is_Integer for c in coeffs) and isinstance(extent, sympy.Integer):
-            tests.setdefault(v, []).append((name, int(coeffs[0]), int(coeffs[1])))
-            extents[v] = int(extent)
+    tests, extents = _tests(kernel, var, size, lines)
     values: dict[str, bool] = {}
     pieces: dict[sympy.Symbol, tuple[int, int]] = {}
     for v, on_v in tests.items():
         extent = extents[v]
-        # a > 0: true from ceil(-b / a) on; a < 0: true up to floor(b / -a)
-        cuts = {0, extent} | {min(max(-(b // a) if a > 0 else b // -a + 1, 0), extent) for _, a, b in on_v}
-        ends = sorted(cuts)
+        ends = _cuts(on_v, extent)
         lo, hi = max(zip(ends, ends[1:]), key=lambda piece: piece[1] - piece[0])
         if hi - lo < max(extent // 2, 1):
             continue
@@ -93,14 +80,67 @@ def interior(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> In
     lo, hi = pieces.pop(var, (0, int(size)))
     guards = [g for v, (a, b) in pieces.items() for g in ([f"{v} >= {a}"] if a > 0 else []) +
               ([f"{v} < {b}"] if b < extents[v] else [])]
-    new_lines = []
+    return Interior(" && ".join(f"({g})" for g in guards), lo, hi, _fold(lines, values))
+
+
+def pieces(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str], align: int = 1) -> list[tuple[int, int, list[str]]] | None:
+    """The innermost range ``[0, size)`` of ``var`` cut at every bound its tests change value
+    at, each piece with those tests folded to constants; None unless that cuts it in 2 to
+    MAX_PIECES pieces, every cut a multiple of ``align`` and every piece at least MIN_PIECE
+    long. A concatenation along the innermost dim selects among its parts by such tests:
+    Swin's patch merging layer-norms four images' channels, 48 each, side by side, and one
+    loop computed all four parts (masked) at every element."""
+    if not size.is_Integer or not kernel.index_tests:
+        return None
+    tests, _ = _tests(kernel, var, size, lines)
+    on_var = tests.get(var)
+    if not on_var:
+        return None
+    ends = _cuts(on_var, int(size))
+    spans = list(zip(ends, ends[1:]))
+    if not 2 <= len(spans) <= MAX_PIECES or any(hi - lo < MIN_PIECE or lo % align for lo, hi in spans):
+        return None
+    return [(lo, hi, _fold(lines, {name: a * lo + b >= 0 for name, a, b in on_var})) for lo, hi in spans]
+
+
+def _tests(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> tuple[dict[sympy.Symbol, list[tuple[str, int, int]]], dict[sympy.Symbol, int]]:
+    """The body's tests of one loop variable each, ``a v + b >= 0`` as (name, a, b) by
+    variable, and each such variable's extent (``size`` for ``var``)."""
+    defined = {line.split(" = ", 1)[0].removeprefix("auto ").strip() for line in lines if line.lstrip().startswith("auto ")}
+    tests: dict[sympy.Symbol, list[tuple[str, int, int]]] = {}
+    extents: dict[sympy.Symbol, int] = {}
+    for name, expr in kernel.index_tests.items():
+        if name not in defined or len(expr.free_symbols) != 1:
+            continue
+        (v,) = expr.free_symbols
+        if v != var and not _is_loop_var(v):
+            continue
+        if not expr.is_polynomial(v):  # (a FloorDiv)
+            continue
+        coeffs = sympy.Poly(expr, v).all_coeffs()
+        extent = size if v == var else kernel.range_of.get(v)
+        if len(coeffs) == 2 and all(c.is_Integer for c in coeffs) and isinstance(extent, sympy.Integer):
+            tests.setdefault(v, []).append((name, int(coeffs[0]), int(coeffs[1])))
+            extents[v] = int(extent)
+    return tests, extents
+
+
+def _cuts(on_v: list[tuple[str, int, int]], extent: int) -> list[int]:
+    """The sorted bounds of ``[0, extent)`` where some test ``a v + b >= 0`` changes value."""
+    # a > 0: true from ceil(-b / a) on; a < 0: true up to floor(b / -a)
+    return sorted({0, extent} | {min(max(-(b // a) if a > 0 else b // -a + 1, 0), extent) for _, a, b in on_v})
+
+
+def _fold(lines: list[str], values: dict[str, bool]) -> list[str]:
+    """``lines`` with the tests named in ``values`` defined as those constants."""
+    out = []
     for line in lines:
         stripped = line.lstrip()
         name = stripped.removeprefix("auto ").split(" = ", 1)[0] if stripped.startswith("auto ") else None
         if name in values:
             line = f"{line[: len(line) - len(stripped)]}auto {name} = {'true' if values[name] else 'false'};"
-        new_lines.append(line)
-    return Interior(" && ".join(f"({g})" for g in guards), lo, hi, new_lines)
+        out.append(line)
+    return out
 
 
 def emit_innermost(kernel: Any, code: Any, var: sympy.Symbol, lo: str, hi: str, length: Expr) -> None:
@@ -127,9 +167,11 @@ def emit_innermost(kernel: Any, code: Any, var: sympy.Symbol, lo: str, hi: str, 
             kernel.streamed = True
 
     body = kernel.body.lines
-    inner = interior(kernel, var, length, body) if lo == "0" and hi == cpp_index(length) else None
+    whole = lo == "0" and hi == cpp_index(length)
+    inner = interior(kernel, var, length, body) if whole else None
     if inner is None:
-        loop(lo, hi, body)
+        for begin, end, lines in (pieces(kernel, var, length, body) if whole else None) or [(lo, hi, body)]:
+            loop(str(begin), str(end), lines)
         return
     # head and tail outside the guard: with them inside both branches, GCC 12 compiled the
     # max-pool interior 2.4x slower
