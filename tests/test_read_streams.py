@@ -47,6 +47,7 @@ ROW_CASES = {
     "any": (lambda x: (x > 3.5).any(1), torch.float32, 0, False),
     "sum_and_max": (lambda x: (x.sum(1), x.max(1).values), torch.float32, 1e-4, False),
     "sum_of_product": (lambda x: (x * x.flip(0)).sum(1), torch.float32, 1e-3, False),
+    "rows_times_one_row": (lambda x: (x * x[1]).sum(1), torch.float32, 1e-3, True),  # a vector the caches hold
 }
 
 
@@ -104,3 +105,15 @@ def test_other_reductions_read_along_one_stream(case: str, fn, tmp_path: Path, t
     torch.set_num_threads(2)
     source = _run(fn, (torch.randn(64, 1024),), tmp_path, atol=1e-5)
     assert ROWS_MARK not in source and FULL_MARK not in source, source
+
+
+@pytest.mark.parametrize("nthreads", [1, 2])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_matrix_vector_products_read_the_matrix_in_streams(rows: int, nthreads: int, tmp_path: Path, threads) -> None:
+    """A decoding step's linear layer reads its weight rows in streams (the vector is the same
+    for every row: the caches hold it). (1, 4096) x (4096, 4096)^T, one thread, whole calls:
+    5.28 -> 2.74 ms, eager 3.61; two threads 2.71 -> 1.39, eager 3.86."""
+    torch.set_num_threads(nthreads)
+    v, w = torch.randn(rows, 2053), torch.randn(64, 2053)
+    source = _run(lambda v, w: torch.nn.functional.linear(v, w), (v, w), tmp_path, atol=1e-3)
+    assert (ROWS_MARK in source) == (rows == 1), source  # (two rows: two outer dims, one stream)
