@@ -114,6 +114,9 @@ def _same_size(a: Expr, b: Expr) -> bool:
 # times the value's operations (index math included) reach BROADCAST_REALIZE_OPS
 BROADCAST_REALIZE_FACTOR = 8
 BROADCAST_REALIZE_OPS = 120
+# a value computed without a gather is realized before a broadcast when it takes this many
+# operations an element (index math included; a layer norm's row statistics take 10)
+BROADCAST_REALIZE_DIRECT_OPS = 32
 
 
 def expand_to(x: TensorBox, size: Sequence[Expr]) -> TensorBox:
@@ -124,8 +127,12 @@ def expand_to(x: TensorBox, size: Sequence[Expr]) -> TensorBox:
     over (64, 8, 49, 49) scores: 1.79 -> 1.25 ms, eager 1.07), or fewer times when computing it
     costs many operations: BEiT's bias is interpolated from its table and gathered (99
     operations an element), for each of 2 images, in both passes of the softmax (the model at
-    batch 2, one thread: 4.55 -> 4.0 ms, TorchInductor 4.19). (Transcendental values are left
-    inlined: a squeeze-excitation's sigmoid or a row's exp belongs in its consumer's kernel.)"""
+    batch 2, one thread: 4.55 -> 4.0 ms, TorchInductor 4.19). A value computed without a gather
+    is realized when it costs ``BROADCAST_REALIZE_DIRECT_OPS`` operations an element: Swin's
+    shifted-window mask (41, from an image of region ids) was recomputed for every image and
+    head in each pass of the softmax (its kernels 111 and 57 us -> 39 and 20). (Transcendental
+    values are left inlined: a squeeze-excitation's sigmoid or a row's exp belongs in its
+    consumer's kernel.)"""
     size = [sympy.sympify(s) for s in size]
     old = x.get_size()
     if list(old) == list(size):
@@ -155,6 +162,8 @@ def _realize_if_repeated(x: TensorBox, size: Sequence[Expr]) -> None:
         return
     count = storage.data.opcount()
     if count.indirect and (repeats >= BROADCAST_REALIZE_FACTOR or repeats * count.all_ops >= BROADCAST_REALIZE_OPS):
+        x.realize()
+    elif count.all_ops >= BROADCAST_REALIZE_DIRECT_OPS and not count.transcendental:
         x.realize()
 
 
