@@ -163,7 +163,10 @@ def _realize_if_repeated(x: TensorBox, size: Sequence[Expr]) -> None:
     count = storage.data.opcount()
     if count.indirect and (repeats >= BROADCAST_REALIZE_FACTOR or repeats * count.all_ops >= BROADCAST_REALIZE_OPS):
         x.realize()
-    elif count.all_ops >= BROADCAST_REALIZE_DIRECT_OPS and not count.transcendental:
+    elif count.all_ops >= BROADCAST_REALIZE_DIRECT_OPS and not count.transcendental and \
+            sum(1 for s in x.get_size() if s != 1) >= 2:
+        # (a value along one dim, like a bicubic resize's weights of each output column,
+        # the kernel tables or hoists out of its inner loop already)
         x.realize()
 
 
