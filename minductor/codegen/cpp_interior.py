@@ -15,6 +15,7 @@ its integer index expression or constant) and ``index_tests`` (a CSE name -> ``e
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import sympy
@@ -70,7 +71,7 @@ def interior(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> In
     for v, on_v in tests.items():
         extent = extents[v]
         ends = _cuts(on_v, extent)
-        lo, hi = max(zip(ends, ends[1:]), key=lambda piece: piece[1] - piece[0])
+        lo, hi = max(itertools.pairwise(ends), key=lambda piece: piece[1] - piece[0])
         if hi - lo < max(extent // 2, 1):
             continue
         pieces[v] = (lo, hi)
@@ -97,7 +98,7 @@ def pieces(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str], align: 
     if not on_var:
         return None
     ends = _cuts(on_var, int(size))
-    spans = list(zip(ends, ends[1:]))
+    spans = list(itertools.pairwise(ends))
     if not 2 <= len(spans) <= MAX_PIECES or any(hi - lo < MIN_PIECE or lo % align for lo, hi in spans):
         return None
     return [(lo, hi, _fold(lines, {name: a * lo + b >= 0 for name, a, b in on_var})) for lo, hi in spans]
