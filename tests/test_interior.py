@@ -147,9 +147,9 @@ def test_roll_matches_eager_along_any_dims(tmp_path: Path, dims: tuple[int, ...]
     bit for bit at every shift, also in a channels-last tensor (whose innermost dim is 1)."""
     x = torch.randn(2, 6, 20, 24)
     for shifts in [tuple(s * (k + 1) for k in range(len(dims))) for s in (1, -7, 25)]:
-        _check(lambda t: torch.roll(t + 1, shifts, dims), x, tmp_path=tmp_path)
+        _check(lambda t, s=shifts: torch.roll(t + 1, s, dims), x, tmp_path=tmp_path)
         torch._dynamo.reset()
-        _check(lambda t: torch.roll(t * 3, shifts, dims), x.to(memory_format=torch.channels_last), tmp_path=tmp_path)
+        _check(lambda t, s=shifts: torch.roll(t * 3, s, dims), x.to(memory_format=torch.channels_last), tmp_path=tmp_path)
         torch._dynamo.reset()
 
 
