@@ -28,6 +28,7 @@ from minductor.lowering.registry import (
     expand_to,
     is_tensor,
     origins_of,
+    realize_if_gathered,
     register_lowering,
 )
 from minductor.lowering.views import permute, slice_, unbind, view
@@ -172,6 +173,8 @@ def index(x: TensorBox, indices: Sequence[Any]) -> TensorBox:
     out_size = [size[d] for d in before] + list(index_shape) + [size[d] for d in after]
     loaders = {d: expand_to(indices[d], index_shape).make_loader() for d in indexed}
     positions = {d: static_positions(loaders[d], index_shape, size[d], wrap=True) for d in indexed}
+    if any(p is None for p in positions.values()):  # (a gather, not a static pick)
+        realize_if_gathered(x, out_size)
     load = x.make_loader()
     n_before, n_index = len(before), len(index_shape)
 
@@ -197,6 +200,7 @@ def gather(x: TensorBox, dim: int, index: TensorBox, sparse_grad: bool = False) 
     if len(size) == 0:
         raise Unsupported("gather from a 0-d tensor")
     dim = _dim(dim, len(size))
+    realize_if_gathered(x, index.get_size())
     index_load, load = index.make_loader(), x.make_loader()
 
     def inner_fn(idx: Sequence[Expr]) -> Any:
@@ -216,8 +220,9 @@ def index_select(x: TensorBox, dim: int, index: TensorBox) -> TensorBox:
     if len(size) == 0:  # a scalar source and a one-element index (which must be 0): a scalar
             return view(index_select(view(x, [1]), 0, index), [])
     dim = _dim(dim, len(size))
-    index_load, load = index.make_loader(), x.make_loader()
     out_size = size[:dim] + [index.get_numel()] + size[dim + 1:]
+    realize_if_gathered(x, out_size)
+    index_load, load = index.make_loader(), x.make_loader()
 
     def inner_fn(idx: Sequence[Expr]) -> Any:
         full = list(idx)

@@ -117,6 +117,8 @@ BROADCAST_REALIZE_OPS = 120
 # a value computed without a gather is realized before a broadcast when it takes this many
 # operations an element (index math included; a layer norm's row statistics take 10)
 BROADCAST_REALIZE_DIRECT_OPS = 32
+# a computed value a gather reads (a table) is realized first from this many operations an element
+GATHER_REALIZE_OPS = 16
 
 
 def expand_to(x: TensorBox, size: Sequence[Expr]) -> TensorBox:
@@ -146,21 +148,45 @@ def expand_to(x: TensorBox, size: Sequence[Expr]) -> TensorBox:
     return make_view(x, size, reindex)
 
 
-def _realize_if_repeated(x: TensorBox, size: Sequence[Expr]) -> None:
+def _repeats(x: TensorBox, size: Sequence[Expr]) -> tuple[Pointwise, int] | None:
+    """``x``'s body when it is a Pointwise not yet computed into a buffer, and how many times
+    a result of ``size`` reads each of its elements on average (None: not a Pointwise, fewer
+    than 2 reads, or a symbolic size)."""
     storage = x.data
     while not isinstance(storage, StorageBox):
         storage = getattr(storage, "base", None)
         if storage is None:
-            return
+            return None
     if type(storage.data) is not Pointwise:
-        return
+        return None
     numel, old = sympy.Mul(*size), sympy.Mul(*x.get_size())
     if not (numel.is_Integer and old.is_Integer and int(old) > 0):
-        return
+        return None
     repeats = int(numel) // int(old)
-    if repeats < 2:
+    return (storage.data, repeats) if repeats >= 2 else None
+
+
+def realize_if_gathered(x: TensorBox, size: Sequence[Expr]) -> None:
+    """Compute ``x`` into a buffer before a gather of ``size`` elements reads it, when the
+    gather reads each element several times and computing one costs GATHER_REALIZE_OPS
+    operations or more: BEiT's relative position bias table, interpolated bicubically (~100
+    operations an element, 678 elements), was interpolated again at each of the 12675
+    positions its index picks (135 us a layer, TorchInductor's whole bias 46)."""
+    found = _repeats(x, size)
+    if found is None:
         return
-    count = storage.data.opcount()
+    body, repeats = found
+    count = body.opcount()
+    if count.all_ops >= GATHER_REALIZE_OPS and repeats * count.all_ops >= BROADCAST_REALIZE_OPS:
+        x.realize()
+
+
+def _realize_if_repeated(x: TensorBox, size: Sequence[Expr]) -> None:
+    found = _repeats(x, size)
+    if found is None:
+        return
+    body, repeats = found
+    count = body.opcount()
     if count.indirect and (repeats >= BROADCAST_REALIZE_FACTOR or repeats * count.all_ops >= BROADCAST_REALIZE_OPS):
         x.realize()
     elif count.all_ops >= BROADCAST_REALIZE_DIRECT_OPS and not count.transcendental and \
