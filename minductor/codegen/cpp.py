@@ -686,11 +686,11 @@ class CppKernel:
         if self.row_streams:
             finish_rows(self, code, str(var), end, tail, streams, self.row_streams)
             return
-        # a concatenation along the reduced dim: a loop per part, its tests constant there
-        parts = (pieces(self, var, size, self.body.lines, align=self.lanes)
-                 if not streams and not wide and begin == "0" else None)
-        spans = [(str(lo), str(hi), lines) for lo, hi, lines in parts[:-1]] + [(str(parts[-1][0]), "mi_main", parts[-1][2])] \
-            if parts else [(begin, "mi_main", self.body.lines)]
+        spans = [(begin, "mi_main", self.body.lines)]
+        parts = pieces(self, var, size, self.body.lines, align=self.lanes) if not streams and not wide and begin == "0" else None
+        if parts:  # a concatenation along the reduced dim: a loop per part, its tests constant there
+            spans = [(str(lo), str(hi), lines) for lo, hi, lines in parts]
+            spans[-1] = (spans[-1][0], "mi_main", spans[-1][2])  # (past mi_main, the tail keeps its tests)
         for i, width in enumerate([] if streams else [wide, self.lanes] if wide else [self.lanes]):
             if wide:
                 code.writeline(f"{'else' if i else f'if (mi_wl == {wide})'}")

@@ -22,6 +22,7 @@ import sympy
 
 from minductor.codegen.common import cpp_index
 from minductor.codegen.loop_shapes import LINE
+from minductor.ir.indexing import is_outer_var
 
 Expr = sympy.Expr
 MIN_SIZE = 16  # a shorter innermost loop keeps one loop: the split would cost more than it saves
@@ -47,10 +48,6 @@ class Interior:
     lo: int  # the interior of the innermost variable: [lo, hi)
     hi: int
     lines: list[str]  # the body with the tests that hold there replaced by true
-
-
-def _is_loop_var(sym: sympy.Symbol) -> bool:
-    return sym.name.startswith("x")
 
 
 def interior(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> Interior | None:
@@ -114,7 +111,7 @@ def _tests(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> tupl
         if name not in defined or len(expr.free_symbols) != 1:
             continue
         (v,) = expr.free_symbols
-        if v != var and not _is_loop_var(v):
+        if v != var and not is_outer_var(v):
             continue
         if not expr.is_polynomial(v):  # (a FloorDiv)
             continue

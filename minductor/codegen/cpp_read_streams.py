@@ -31,6 +31,7 @@ from minductor.codegen.common import CPP_STORAGE_TYPES, CodeBuffer, cpp_index
 from minductor.codegen.cpp_lane_merge import emit_pairwise_tree
 from minductor.codegen.cpp_stream import lane_loop
 from minductor.codegen.loop_shapes import WIDE_ROW, Loop, MergedDims, long_row_lanes, planning_size
+from minductor.ir.indexing import is_outer_var
 from minductor.scheduler.deps import MemoryDep
 from minductor.virtualized import V
 
@@ -56,7 +57,7 @@ def least_stream_width(loop: Loop) -> int:
     reads = {(d.name, d.index) for n in loop.nodes for d in n.read_writes.reads if isinstance(d, MemoryDep)}
     # of a row reduction, a read the same for every row (a matrix-vector product's vector) is
     # one small run the caches hold, not a stream
-    per_row = {r for r in reads if any(s.name.startswith("x") for s in r[1].free_symbols)}
+    per_row = {r for r in reads if any(is_outer_var(s) for s in r[1].free_symbols)}
     if len(per_row or reads) != 1:
         return 0
     itemsize = min(V.graph.get_dtype(d.name).itemsize for d in deps)

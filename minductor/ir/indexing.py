@@ -90,6 +90,12 @@ def make_vars(prefix: str, count: int, start: int = 0) -> list[sympy.Symbol]:
     return [index_symbol(f"{prefix}{i}") for i in range(start, start + count)]
 
 
+def is_outer_var(sym: sympy.Symbol) -> bool:
+    """Whether ``sym`` is a loop variable of the outer (pointwise) dims: ``x0``, ``x1``... in a
+    node's canonical indices, ``xo0``, ``xi0``... in a kernel's (reduced dims: ``r0``...)."""
+    return sym.name.startswith("x")
+
+
 def upper_bound(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr | None:
     """A bound ``b`` with ``expr < b`` for affine ``expr`` in ranged vars (None if unknown)."""
     _, hi = value_range(expr, ranges)
