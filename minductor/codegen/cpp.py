@@ -136,6 +136,7 @@ class CppKernel:
         self.split_rows = False  # outer-lane mode with the reduced range split across threads
         self.least_stream_width = 0  # of the loop block being emitted, if it may read in streams (cpp_read_streams)
         self.row_streams: str | None = None  # the row variable of rows reduced in streams (cpp_read_streams)
+        self.sub_rows: tuple[str, int] | None = None  # of those, a short second loop inside each row: (variable, length)
         self.stage: StagedTile | None = None  # 2-D tile mode: loads staged transposed
         self.mask_depth = 0  # inside masked(): loads there must not run unconditionally
         self.masks: list[str] = []  # enclosing masks, innermost last
@@ -543,8 +544,10 @@ class CppKernel:
         self.last_red_size = merged_red.sizes[-1] if merged_red.sizes else sympy.Integer(1)
         welford = any(n.is_reduction() and n.node.data.reduction_type == "welford_reduce" for n in loop.nodes)
         narrow = loop_narrow_lanes(loop)  # (a bool mask: a vector of bools)
-        self.least_stream_width = least_stream_width(loop)
+        self.least_stream_width = least_stream_width(loop, outer if self.sub_rows else None)
         self.lanes, self.lane_slots = inner_lanes(self.last_red_size, thread_chunk, welford, narrow)
+        if self.sub_rows:  # (lanes for each sub-row of each stream's row)
+            self.lane_slots *= self.sub_rows[1]
         self.wide_lanes = wide_lanes(self.last_red_size, self.lanes, thread_chunk, welford) if self.tile_var is None else 0
         if self.wide_lanes:  # the lanes of this row, chosen at run time; the arrays hold the most
             self.lane_slots = self.wide_lanes

@@ -14,7 +14,13 @@ Two shapes (``READ_STREAMS`` streams, the reduction's lanes shared out between t
 - a full reduction (``x.sum()``): each thread's chunk cut in ``READ_STREAMS`` parts;
 - a row reduction (``x.sum(1)``) of long rows, one loop per row: each thread's rows cut in
   ``READ_STREAMS`` parts, a row of each reduced in step, each row finished (tail, combine,
-  stores) on its own.
+  stores) on its own. A second, short outer loop (``SUB_ROWS_MAX`` at most) that the streamed
+  read does not depend on runs inside each stream's step, on lanes of its own: a product of a
+  few rows (a batch-2 decoding step's linear layers) summed column by column, each line of
+  the matrix read once for all of them. (2, 4096) x (4096, 4096)^T on one thread, C harness,
+  weight cold: rows apart 9.95 ms, column by column on one stream 6.59, in streams 4.11 (3
+  rows: 14.4, 7.66, 4.56; 4 rows: 18.9, 8.86, 4.87). Eight rows on 4 streams need 32 vectors
+  of accumulators and spilled (24.2 ms; MKL 9.8).
 
 Each stream takes its own ``width`` of the lane arrays; the body the kernel generated for one
 row runs with its accumulator lanes moved there. Each row's (each chunk's) order of operations
@@ -42,22 +48,27 @@ _PLAIN = ("sum", "prod")
 # the least rows per stream (of each thread) that read in streams: a stream that runs past
 # its thread's rows re-reads the thread's last row, so with fewer rows more are read twice
 _ROWS_PER_STREAM = 2
+SUB_ROWS_MAX = 4  # the longest second outer loop inside the streams (its lanes: SUB_ROWS_MAX x 4 vectors)
 
 
-def least_stream_width(loop: Loop) -> int:
+def least_stream_width(loop: Loop, outer: MergedDims | None = None) -> int:
     """The least lanes a stream of this loop block may have (0: it reads along one stream):
     of sums or products of values computed from one run of memory, a 32-byte vector of the
     narrowest values it reads (a row sum under a bool mask ran 1.7x slower on 16 lanes a
     stream; a bfloat16 row sum gained 1.12x on 16). Loops reading two runs (two buffers, or
     one at two places) already stream two at a time (a row sum of a product of two:
-    0.95-0.98x in streams; a squared-error mean, a full reduction, 1.03-1.09x)."""
+    0.95-0.98x in streams; a squared-error mean, a full reduction, 1.03-1.09x). With ``outer``
+    (rows in streams with sub-rows), a read is per row when it depends on the first outer loop."""
     if not loop.red or not all(n.is_reduction() and n.node.data.reduction_type in _PLAIN for n in loop.nodes):
         return 0
     deps = [d for n in loop.nodes for d in n.read_writes.reads | n.read_writes.writes if isinstance(d, MemoryDep)]
     reads = {(d.name, d.index) for n in loop.nodes for d in n.read_writes.reads if isinstance(d, MemoryDep)}
     # of a row reduction, a read the same for every row (a matrix-vector product's vector) is
     # one small run the caches hold, not a stream
-    per_row = {r for r in reads if any(is_outer_var(s) for s in r[1].free_symbols)}
+    if outer is None:
+        per_row = {r for r in reads if any(is_outer_var(s) for s in r[1].free_symbols)}
+    else:
+        per_row = {r for r in reads if r[1].xreplace(outer.substitution).has(outer.variables[0])}
     if len(per_row or reads) != 1:
         return 0
     itemsize = min(V.graph.get_dtype(d.name).itemsize for d in deps)
@@ -69,33 +80,64 @@ def stream_width(kernel: Any) -> int:
     lanes = kernel.lanes
     if not kernel.least_stream_width or kernel.wide_lanes or lanes % READ_STREAMS:
         return 0
+    return _width(lanes, kernel.least_stream_width, kernel.sub_rows[1] if kernel.sub_rows else 1)
+
+
+def _width(lanes: int, least: int, sub_rows: int) -> int:
+    """Each stream's lanes (of each sub-row), or 0: a share of ``lanes``, halved while the
+    streams' sub-rows would hold more than two rows' lanes (a vector register each, GCC spilled:
+    4 rows on 4 streams of 16 floats in 256-bit vectors, 32 of them, 7.2 ms; of 8 floats, 5.1)."""
     width = lanes // READ_STREAMS
-    return width if width >= kernel.least_stream_width else 0
+    while READ_STREAMS * sub_rows * width > 2 * lanes and width > least:
+        width //= 2
+    return width if width >= least and READ_STREAMS * sub_rows * width <= 2 * lanes else 0
 
 
 def reads_rows_in_streams(kernel: Any, outer: MergedDims, loops: list[Loop], parallel: bool) -> bool:
     """Whether a kernel reducing long rows, parallel over its rows, reads its rows in streams
     (``emit_row_streams``): one loop that may (``least_stream_width``), then at most per-row
-    epilogues (a mean's division)."""
-    if not parallel or len(outer.variables) != 1 or kernel.tile_var is not None or kernel.scatters or kernel.rows:
+    epilogues (a mean's division); its rows one outer loop, or two with ``sub_rows``."""
+    if not parallel or len(outer.variables) not in (1, 2) or kernel.tile_var is not None or kernel.scatters or kernel.rows:
         return False
     loop, *epilogues = loops
     if len(loop.red) != 1 or loop.pw_inner or not loop.red[0].is_Integer or int(loop.red[0]) < WIDE_ROW:
         return False
-    least = least_stream_width(loop)
-    if not least or long_row_lanes() // READ_STREAMS < least or any(lp.red or lp.pw_inner for lp in epilogues):
+    if len(outer.variables) == 2 and not sub_rows(outer, loop):
+        return False
+    least = least_stream_width(loop, outer if len(outer.variables) == 2 else None)
+    count = sub_rows(outer, loop) if len(outer.variables) == 2 else 1
+    if not least or not _width(long_row_lanes(), least, count) or any(lp.red or lp.pw_inner for lp in epilogues):
         return False
     rows = planning_size(outer.sizes[0], 1)
     return rows >= READ_STREAMS * _ROWS_PER_STREAM * torch.get_num_threads()
 
 
+def sub_rows(outer: MergedDims, loop: Loop) -> int:
+    """Of two outer loops, the second's length when it runs inside the streams of the first
+    (0: it does not): at most ``SUB_ROWS_MAX``, and the one read that depends on the first
+    loop (the streamed matrix) does not depend on it."""
+    row, sub = outer.variables
+    size = outer.sizes[1]
+    if not size.is_Integer or not 2 <= int(size) <= SUB_ROWS_MAX:
+        return 0
+    indices = [d.index.xreplace(outer.substitution) for n in loop.nodes for d in n.read_writes.reads
+               if isinstance(d, MemoryDep)]
+    streamed = [index for index in indices if index.has(row)]
+    return int(size) if streamed and not any(index.has(sub) for index in streamed) else 0
+
+
 def emit_row_streams(kernel: Any, code: CodeBuffer, outer: MergedDims, loops: list[Loop]) -> None:
     """Each thread's rows in ``READ_STREAMS`` parts, row ``mi_r`` of every part reduced in
     step (``emit_stream_steps``; the rows then finish alone, ``finish_rows``), then the
-    epilogues of each of those rows. A result kept in a local has a slot per stream."""
-    (var, size), = zip(outer.variables, outer.sizes)
+    epilogues of each of those rows. A result kept in a local has a slot per stream (and
+    sub-row)."""
+    var, size = outer.variables[0], outer.sizes[0]
     loop, *epilogues = loops
     kernel.range_of[var] = size
+    if len(outer.variables) == 2:
+        kernel.range_of[outer.variables[1]] = outer.sizes[1]
+        kernel.sub_rows = (str(outer.variables[1]), int(outer.sizes[1]))
+    slots = READ_STREAMS * (kernel.sub_rows[1] if kernel.sub_rows else 1)
     rows = cpp_index(size)
     code.writeline("#pragma omp parallel")
     code.writeline("{")
@@ -107,46 +149,71 @@ def emit_row_streams(kernel: Any, code: CodeBuffer, outer: MergedDims, loops: li
         code.writeline("{")
         with code.indent(open_brace=False):
             for b, v in kernel.local.items():
-                code.writeline(f"{CPP_STORAGE_TYPES[V.graph.get_dtype(b)]} {v}[{READ_STREAMS}];  // {b}, kept in a local")
-            kernel.row_streams, kernel.local_slot = str(var), "mi_s"
+                code.writeline(f"{CPP_STORAGE_TYPES[V.graph.get_dtype(b)]} {v}[{slots}];  // {b}, kept in a local")
+            kernel.row_streams, kernel.local_slot = str(var), _slot(kernel)
             try:
                 kernel.emit_loop(code, outer, loop)
                 if epilogues:
-                    _open_stream_row(code, str(var))
+                    opened = _open_stream_row(code, kernel, str(var))
                     with code.indent(open_brace=False):
                         for epilogue in epilogues:
                             kernel.emit_loop(code, outer, epilogue)
-                    code.writeline("}")
+                    _close(code, opened)
             finally:
-                kernel.row_streams, kernel.local_slot = None, "0"
+                kernel.row_streams, kernel.local_slot, kernel.sub_rows = None, "0", None
         code.writeline("}")
     code.writeline("}")
 
 
-def _open_stream_row(code: CodeBuffer, row: str) -> None:
+def _slot(kernel: Any) -> str:
+    """The slot of this stream's row (and sub-row) in per-row arrays: ``mi_s``, or
+    ``mi_s * M + sub`` with M sub-rows."""
+    if kernel.sub_rows is None:
+        return "mi_s"
+    sub, count = kernel.sub_rows
+    return f"mi_s * {count} + {sub}"
+
+
+def _open_stream_row(code: CodeBuffer, kernel: Any, row: str) -> int:
     """Open a loop over the streams binding ``row`` to each one's row, skipping rows past the
-    thread's last."""
+    thread's last (and, with sub-rows, a loop over them inside): the braces it opened."""
     code.writeline(f"for (int64_t mi_s = 0; mi_s < {READ_STREAMS}; mi_s++)")
     code.writeline("{")
     code._indent += 1
     code.writeline(f"const int64_t {row} = mi_lo + mi_s * mi_q + mi_r;")
     code.writeline(f"if ({row} >= mi_hi) continue;")
-    code._indent -= 1
+    if kernel.sub_rows is None:
+        code._indent -= 1
+        return 1
+    sub, count = kernel.sub_rows
+    code.writeline(f"for (int64_t {sub} = 0; {sub} < {count}; {sub}++)")
+    code.writeline("{")  # (the caller's indent puts the body inside this loop)
+    return 2
+
+
+def _close(code: CodeBuffer, opened: int) -> None:
+    """Close the loops ``_open_stream_row`` opened (the last level's body at the level of the first)."""
+    code.writeline("}")
+    for _ in range(opened - 1):
+        code._indent -= 1
+        code.writeline("}")
 
 
 def emit_stream_steps(code: CodeBuffer, kernel: Any, var: str, begin: str, width: int, row: str | None) -> None:
     """The lane loop of a reduction over ``[begin, mi_main)`` in ``READ_STREAMS`` streams of
     ``width`` lanes each, a step of every stream in turn. Of a full reduction, the streams are
-    the range's parts; of rows (``row``: the row variable), the same range of each stream's row.
-    Stream ``s`` accumulates into lanes ``[s * width, (s + 1) * width)`` of each lane array."""
+    the range's parts; of rows (``row``: the row variable), the same range of each stream's row,
+    and of each of its sub-rows in turn. Stream ``s`` (its sub-row ``j`` of M) accumulates into
+    lanes ``[k * width, (k + 1) * width)`` of each lane array, ``k = s`` (``s * M + j``)."""
     if row is None:
         code.writeline(f"const int64_t mi_q = (mi_main - {begin}) / {READ_STREAMS};  // each stream's part")
         span, start = "mi_q", f"{begin} + mi_s * mi_q + mi_i"
     else:
         span, start = f"mi_main - {begin}", f"{begin} + mi_i"
+    slot = _slot(kernel) if row is not None else "mi_s"
     body = list(kernel.body.lines)
     for acc, *_ in kernel.accumulators:
-        body = [line.replace(f"{acc}_lanes[mi_lane]", f"{acc}_lanes[mi_s * {width} + mi_lane]") for line in body]
+        body = [line.replace(f"{acc}_lanes[mi_lane]", f"{acc}_lanes[({slot}) * {width} + mi_lane]") for line in body]
     code.writeline(f"for (int64_t mi_i = 0; mi_i < {span}; mi_i += {width})")
     code.writeline("{")
     with code.indent(open_brace=False):
@@ -156,15 +223,21 @@ def emit_stream_steps(code: CodeBuffer, kernel: Any, var: str, begin: str, width
             if row is not None:  # (a part past the thread's rows re-reads its last row, unstored)
                 code.writeline(f"const int64_t {row} = mi_min_i64(mi_lo + mi_s * mi_q + mi_r, mi_hi - 1);")
             code.writeline(f"const int64_t mi_base = {start};")
-            lane_loop(code, var, width, body)
+            if row is not None and kernel.sub_rows is not None:
+                sub, count = kernel.sub_rows
+                code.writeline(f"for (int64_t {sub} = 0; {sub} < {count}; {sub}++)")
+                with code.indent():
+                    lane_loop(code, var, width, body)
+            else:
+                lane_loop(code, var, width, body)
         code.writeline("}")
     code.writeline("}")
 
 
 def finish_rows(kernel: Any, code: CodeBuffer, var: str, end: str, tail: CodeBuffer, width: int, row: str) -> None:
-    """After the steps: each stream's row (if the thread has it) runs its scalar tail from
-    ``mi_main``, combines its lanes pairwise and stores (the loop's suffix)."""
-    _open_stream_row(code, row)
+    """After the steps: each stream's row (each sub-row), if the thread has it, runs its scalar
+    tail from ``mi_main``, combines its lanes pairwise and stores (the loop's suffix)."""
+    opened = _open_stream_row(code, kernel, row)
     with code.indent(open_brace=False):
         for acc, acc_type, init, _ in kernel.accumulators:
             code.writeline(f"{acc_type} {acc}_tail = {init};")
@@ -173,11 +246,11 @@ def finish_rows(kernel: Any, code: CodeBuffer, var: str, end: str, tail: CodeBuf
             code.writeline("const int64_t mi_lane = 0;")
             code.splice(tail)
         for acc, acc_type, _, combine in kernel.accumulators:
-            code.writeline(f"{acc_type}* {acc}_row = {acc}_lanes + mi_s * {width};")
+            code.writeline(f"{acc_type}* {acc}_row = {acc}_lanes + ({_slot(kernel)}) * {width};")
             emit_pairwise_tree(code, f"{acc}_row", width, combine)
             code.writeline(f"{acc_type} {acc} = {combine.format(a=f'{acc}_row[0]', b=f'{acc}_tail')};")
         code.splice(kernel.suffix)
-    code.writeline("}")
+    _close(code, opened)
 
 
 def full_reduction_streams(kernel: Any, thread_chunk: bool, outer_dims: list[tuple[sympy.Symbol, sympy.Expr]]) -> int:

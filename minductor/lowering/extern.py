@@ -81,6 +81,8 @@ def _vector_product(a: TensorBox, b: TensorBox) -> TensorBox | None:
     the matrix twice, from cache, still faster (a batch-2 linear 4096x1024: 287 -> 217 us); four
     that way were slower than oneDNN (318 against 420 us), so 3 to ``FEW_ROWS`` rows sum column
     by column, every row of a column in turn, while the matrix's row is in L1."""
+    from minductor.codegen.cpp_read_streams import SUB_ROWS_MAX  # (the kernel shapes these sums take)
+    from minductor.codegen.loop_shapes import WIDE_ROW
     from minductor.lowering.pointwise import mul
     from minductor.lowering.reduction import sum_
     from minductor.lowering.views import permute, view
@@ -89,7 +91,10 @@ def _vector_product(a: TensorBox, b: TensorBox) -> TensorBox | None:
     n = sympy.sympify(b.get_size()[-1])
     if not (m.is_Integer and k.is_Integer and n.is_Integer) or int(k) < 2:
         return None
-    few_rows = int(m) <= FEW_ROWS and int(n) >= FEW_ROWS_MIN_COLS and int(k) <= FEW_ROWS_MAX_DEPTH
+    # long sums of a few rows read the matrix in streams, all rows of a column in each step
+    # (cpp_read_streams.sub_rows): column by column at any depth, from 2 rows
+    streams = not batch and int(k) >= WIDE_ROW and int(n) >= FEW_ROWS_MIN_COLS and int(m) <= SUB_ROWS_MAX
+    few_rows = int(m) <= FEW_ROWS and int(n) >= FEW_ROWS_MIN_COLS and (int(k) <= FEW_ROWS_MAX_DEPTH or streams)
     if min(int(m), int(n)) > 2 and not few_rows:
         return None
     dtype = a.get_dtype()
@@ -106,7 +111,7 @@ def _vector_product(a: TensorBox, b: TensorBox) -> TensorBox | None:
         out = sum_(mul(view(a, [*batch, k, one]), b), [lead], keepdim=True)
     elif int(n) == 1:  # (..., m, k) * (..., 1, k), summed over k
         out = sum_(mul(a, view(b, [*batch, one, k])), [lead + 1], keepdim=True)
-    elif int(m) <= 2 or not few_rows:  # (..., m, k, 1) * (..., 1, k, n), summed over k
+    elif (int(m) <= 2 and not streams) or not few_rows:  # (..., m, k, 1) * (..., 1, k, n), summed over k
         out = sum_(mul(view(a, [*batch, m, k, one]), view(b, [*batch, one, k, n])), [lead + 1])
     else:  # (..., n, 1, k) * (..., 1, m, k), summed over k: column by column, the rows inside
         b_t = permute(b, [*range(lead), lead + 1, lead])
