@@ -92,6 +92,13 @@ class GeluMLP(torch.nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
 
 
+def decode_mlp(dim: int, layers: int = 4) -> torch.nn.Module:
+    """A decoding step's feed-forward layers at batch 2 (``dim`` -> 4 ``dim`` -> ``dim``, GELU):
+    each linear layer two rows times a weight matrix that comes from memory, read once."""
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(),
+                                                     torch.nn.Linear(4 * dim, dim)) for _ in range(layers)]).eval()
+
+
 def _indexing_workloads(n: int) -> dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]]:
     """Indirect reads and writes, windows and scans (issue 4's op families) at size ``n``."""
     cols, rows = max(n // 4, 4), max(n // 16, 4)
@@ -153,6 +160,7 @@ def make_workloads(n: int = N) -> dict[str, tuple[Callable[..., Any], Callable[[
     torch.manual_seed(0)
     conv = ConvNet().eval()
     mlp = GeluMLP(max(n // 16, 8)).eval()
+    decode = decode_mlp(max(n // 4, 8))
     return {
         "pointwise6": (pointwise6, lambda: (square(), square())),
         "broadcast_add": (lambda x, b: (x + b).relu(), lambda: (square(), torch.randn(n))),
@@ -167,6 +175,7 @@ def make_workloads(n: int = N) -> dict[str, tuple[Callable[..., Any], Callable[[
         "gelu_mlp": (mlp, lambda: (torch.randn(small * 8, max(n // 16, 8)),)),
         "conv_net": (conv, lambda: (torch.randn(2, 3, small * 2, small * 2),)),
         "transformer_block": _block(seq=max(n // 32, 8), dim=max(n // 16, 16)),
+        "decode_mlp": (decode, lambda: (torch.randn(2, max(n // 4, 8)),)),
     } | _indexing_workloads(n) | _dtype_workloads(n)
 
 
@@ -175,7 +184,7 @@ WORKLOADS = make_workloads()
 SUITES: dict[str, tuple[int, list[str]]] = {
     "pointwise": (N, ["pointwise6", "broadcast_add", "transpose_add"]),
     "reductions": (N, ["softmax", "layer_norm", "layer_norm_residual", "sum_dim0", "sum_dim1", "amax_dim0", "full_sum"]),
-    "models": (N, ["gelu_mlp", "conv_net", "transformer_block"]),
+    "models": (N, ["gelu_mlp", "conv_net", "transformer_block", "decode_mlp"]),
     "indexing": (N, list(_indexing_workloads(64))),
     "dtypes": (N, list(_dtype_workloads(64))),
     "all": (N, list(WORKLOADS)),
