@@ -122,3 +122,13 @@ def test_few_row_products_read_the_matrix_once_in_streams(rows: int, nthreads: i
     assert (ROWS_MARK in source) == (rows <= 4), source
     if 2 <= rows <= 4:  # each stream's step runs every row
         assert f"xo1 < {rows}; xo1++)" in source, source
+
+
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_sub_rows_in_streams_finish_with_their_epilogue(nthreads: int, tmp_path: Path, threads) -> None:
+    """A mean over the columns of a matrix times each of 3 rows, plus 1: the per-(row, sub-row)
+    result kept in a local slot of its own, divided and stored after the streams."""
+    torch.set_num_threads(nthreads)
+    w, x = torch.randn(300, 2053), torch.randn(3, 2053)
+    source = _run(lambda w, x: (w[:, None, :] * x[None]).mean(-1) + 1, (w, x), tmp_path, atol=1e-4)
+    assert ROWS_MARK in source and "mi_local0[mi_s * 3 + xo1]" in source, source

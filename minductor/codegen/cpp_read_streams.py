@@ -102,10 +102,10 @@ def reads_rows_in_streams(kernel: Any, outer: MergedDims, loops: list[Loop], par
     loop, *epilogues = loops
     if len(loop.red) != 1 or loop.pw_inner or not loop.red[0].is_Integer or int(loop.red[0]) < WIDE_ROW:
         return False
-    if len(outer.variables) == 2 and not sub_rows(outer, loop):
+    count = sub_rows(outer, loop) if len(outer.variables) == 2 else 1
+    if not count:
         return False
     least = least_stream_width(loop, outer if len(outer.variables) == 2 else None)
-    count = sub_rows(outer, loop) if len(outer.variables) == 2 else 1
     if not least or not _width(long_row_lanes(), least, count) or any(lp.red or lp.pw_inner for lp in epilogues):
         return False
     rows = planning_size(outer.sizes[0], 1)
