@@ -328,3 +328,55 @@ def test_a_full_reduction_reads_a_channels_last_tensor_in_memory_order(tmp_path:
     source = next(tmp_path.glob("graph_*/cpp_*.cpp")).read_text()
     reads = re.findall(r"in_ptr0\[([^\]]+)\]", source)
     assert reads and all(re.fullmatch(r"ri0", r.strip()) for r in reads), source
+
+
+class Bottleneck(torch.nn.Module):
+    """1x1 reduce, 3x3, 1x1 expand, a strided 1x1 shortcut, and a squeeze-and-excitation's 1x1s
+    over pooled pixels: every 1x1 here is small."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reduce, self.conv = torch.nn.Conv2d(32, 8, 1, bias=False), torch.nn.Conv2d(8, 8, 3, stride=2, padding=1)
+        self.expand, self.shortcut = torch.nn.Conv2d(8, 64, 1), torch.nn.Conv2d(32, 64, 1, stride=2, bias=False)
+        self.squeeze, self.excite = torch.nn.Conv2d(64, 16, 1), torch.nn.Conv2d(16, 64, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.expand(F.relu(self.conv(F.relu(self.reduce(x)))))
+        y = y * torch.sigmoid(self.excite(F.relu(self.squeeze(y.mean((2, 3), keepdim=True)))))
+        return F.relu(y + self.shortcut(x))
+
+
+def test_small_pointwise_convolutions_run_as_products(tmp_path: Path) -> None:
+    """A 1x1 convolution whose product is too small for oneDNN's (its per-call cost: HF ResNet's
+    (4, 32, 16, 16) -> 8 channels 34.7 us a call) is a product of the channels-last pixels (every
+    stride-th) and the weight: only the 3x3 stays a convolution; results and strides as eager."""
+    torch.manual_seed(0)
+    code = _compile(Bottleneck().eval(), torch.randn(4, 32, 15, 16), tmp_path=tmp_path)
+    assert len(_conv_inputs(code)) == 1, code
+    assert "torch.mm(" in code, code
+
+
+def test_large_pointwise_convolutions_stay_convolutions(tmp_path: Path) -> None:
+    """A 1x1 convolution big enough for oneDNN stays its convolution ((8, 64, 56, 56) -> 256
+    as an inner product: 0.80-0.89x)."""
+    conv = torch.nn.Conv2d(64, 256, 1).eval()
+    code = _compile(conv, torch.randn(2, 64, 40, 40), tmp_path=tmp_path)
+    assert len(_conv_inputs(code)) == 1 and "torch.mm(" not in code, code
+
+
+def test_pointwise_convolutions_as_products_train(tmp_path: Path) -> None:
+    """The forward's 1x1 products keep their gradients: the backward computes them as aten's
+    convolution backward does."""
+    torch.manual_seed(0)
+    model = Bottleneck().train()
+    x = torch.randn(2, 32, 8, 8, requires_grad=True)
+    model(x).square().mean().backward()
+    expected = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad()
+    x.grad = None
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        torch.compile(model, backend="minductor")(x).square().mean().backward()
+    for got, want in zip([p.grad for p in model.parameters()] + [x.grad], expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    forward = next(tmp_path.glob("graph_*_forward/output_code.py")).read_text()
+    assert len(_conv_inputs(forward)) == 1, forward
