@@ -327,6 +327,8 @@ def _pointwise_conv_as_mm(x: TensorBox, weight: TensorBox, bias: Any, stride: An
     rows, weights = view(pixels, [n * h * w, c]), permute(view(weight, [c_out, c]), [1, 0])
     if _onednn_mm(rows, weights):
         return None
+    if any(step != 1 for step in stride):  # (every stride-th pixel, gathered by a copy kernel named for the convolution)
+        rows = TensorBox(StorageBox(contiguous_copy(rows, frozenset({"convolution"}))))
     with val.fake_mode:
         fake = torch.empty_strided((n * h * w, c_out), (c_out, 1), dtype=val.dtype, device=val.device)
     out = mm(rows, weights, val=fake)
