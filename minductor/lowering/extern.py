@@ -76,14 +76,15 @@ def mm(a: TensorBox, b: TensorBox, val: torch.Tensor | None = None) -> TensorBox
     return extern_out(aten.mm.out, a, b, dtype=a.get_dtype(), val=val)
 
 
-def _vector_product(a: TensorBox, b: TensorBox) -> TensorBox | None:
+def _vector_product(a: TensorBox, b: TensorBox, wide_result: bool = False) -> TensorBox | None:
     """``a @ b`` (batched or not) with one or two output rows or columns (a batch-1 linear layer,
     a decoding step's projections and its attention over the cache, ``v @ M``) as a sum of products, summed in float32 at least: it reads each
     element of the matrix once, where a GEMM library pays its per-call cost (``w @ x`` at
     1024^2 through oneDNN: 90 us, eager 58; a row of sums streams the matrix). Two rows read
     the matrix twice, from cache, still faster (a batch-2 linear 4096x1024: 287 -> 217 us); four
     that way were slower than oneDNN (318 against 420 us), so 3 to ``FEW_ROWS`` rows sum column
-    by column, every row of a column in turn, while the matrix's row is in L1."""
+    by column, every row of a column in turn, while the matrix's row is in L1. With
+    ``wide_result``, the sums stay float32 (a bias added before the one rounding)."""
     from minductor.codegen.cpp_read_streams import SUB_ROWS_MAX  # (the kernel shapes these sums take)
     from minductor.codegen.loop_shapes import WIDE_ROW
     from minductor.lowering.pointwise import mul
@@ -120,7 +121,7 @@ def _vector_product(a: TensorBox, b: TensorBox) -> TensorBox | None:
         b_t = permute(b, [*range(lead), lead + 1, lead])
         out = sum_(mul(view(b_t, [*batch, n, one, k]), view(a, [*batch, one, m, k])), [lead + 2])
         out = permute(out, [*range(lead), lead + 1, lead])
-    return to_dtype(out, dtype)
+    return out if wide_result else to_dtype(out, dtype)
 
 
 def _computed_once(x: TensorBox) -> TensorBox:
@@ -221,6 +222,15 @@ def addmm(bias: TensorBox, a: TensorBox, b: TensorBox, *, beta: Any = 1, alpha: 
         from minductor.lowering.registry import lowerings
 
         return lowerings[aten.add.Tensor](mm(a, b), bias)
+    if beta == 1 and alpha == 1 and _bias_in_epilogue(bias, a, (torch.bfloat16, torch.float16)):
+        # a 16-bit linear layer of one or a few rows: the sums in float32, the bias added
+        # before the one rounding, as the GEMM's epilogue does (a batch-1 bfloat16 decoding
+        # step's MLP went to aten's addmm, reading its weights at 9 GB/s on one thread)
+        product = _vector_product(a, b, wide_result=True)
+        if product is not None:
+            from minductor.lowering.registry import lowerings
+
+            return to_dtype(lowerings[aten.add.Tensor](product, bias), a.get_dtype())
     return extern_out(aten.addmm.out, bias, a, b, beta=beta, alpha=alpha)
 
 
@@ -234,12 +244,11 @@ def _half_as_float_with_bias(product: TensorBox, bias: TensorBox, beta: Any, alp
     return to_dtype(add(scaled, bias if beta == 1 else mul(bias, beta)), torch.float16)
 
 
-def _bias_in_epilogue(bias: Any, a: TensorBox) -> bool:
+def _bias_in_epilogue(bias: Any, a: TensorBox, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64)) -> bool:
     from minductor import config
 
     return (isinstance(bias, IRNode) and len(bias.get_size()) == 1 and a.get_device().type == "cpu"
-            and config.cpu_backend == "cpp" and a.get_dtype() in (torch.float32, torch.float64)
-            and bias.get_dtype() == a.get_dtype())
+            and config.cpu_backend == "cpp" and a.get_dtype() in dtypes and bias.get_dtype() == a.get_dtype())
 
 
 @register_lowering(aten.baddbmm)
