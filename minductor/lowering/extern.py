@@ -80,11 +80,13 @@ def _vector_product(a: TensorBox, b: TensorBox, wide_result: bool = False) -> Te
     """``a @ b`` (batched or not) with one or two output rows or columns (a batch-1 linear layer,
     a decoding step's projections and its attention over the cache, ``v @ M``) as a sum of products, summed in float32 at least: it reads each
     element of the matrix once, where a GEMM library pays its per-call cost (``w @ x`` at
-    1024^2 through oneDNN: 90 us, eager 58; a row of sums streams the matrix). Two rows read
-    the matrix twice, from cache, still faster (a batch-2 linear 4096x1024: 287 -> 217 us); four
-    that way were slower than oneDNN (318 against 420 us), so 3 to ``FEW_ROWS`` rows sum column
-    by column, every row of a column in turn, while the matrix's row is in L1. With
-    ``wide_result``, the sums stay float32 (a bias added before the one rounding)."""
+    1024^2 through oneDNN: 90 us, eager 58; a row of sums streams the matrix). Two rows of
+    short sums read the matrix twice, from cache, still faster (a batch-2 linear 4096x1024:
+    287 -> 217 us); four that way were slower than oneDNN (318 against 420 us), so 3 to
+    ``FEW_ROWS`` rows sum column by column, every row of a column in turn, while the matrix's
+    row is in L1; 2 to ``SUB_ROWS_MAX`` rows of sums of ``WIDE_ROW`` or more do so reading the
+    matrix in streams (``cpp_read_streams``). With ``wide_result``, the sums stay float32 (a
+    bias added before the one rounding)."""
     from minductor.codegen.cpp_read_streams import SUB_ROWS_MAX  # (the kernel shapes these sums take)
     from minductor.codegen.loop_shapes import WIDE_ROW
     from minductor.lowering.pointwise import mul
