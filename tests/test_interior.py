@@ -182,3 +182,37 @@ def test_pieces_match_eager_at_every_edge(tmp_path: Path, widths: tuple[int, ...
     torch._dynamo.reset()
     fn = lambda *p: torch.cat([q.exp() for q in p], -1).softmax(-1)
     torch.testing.assert_close(torch.compile(fn, backend="minductor")(*parts), fn(*parts))
+
+
+MASKS = {
+    "causal": lambda t: torch.ones(t, t, dtype=torch.bool).tril(),
+    "causal_offset": lambda t: torch.ones(t, t, dtype=torch.bool).tril(-3),  # (fully masked rows: NaN, as eager)
+    "upper": lambda t: torch.ones(t, t, dtype=torch.bool).triu(),
+    "band": lambda t: torch.ones(t, t, dtype=torch.bool).tril() & torch.ones(t, t, dtype=torch.bool).triu(-8),
+}
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("t", [100, 128, 130])
+def test_masked_softmax_rows_cut_at_the_diagonal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mask: str, t: int) -> None:
+    """A softmax under a mask built from index comparisons (a causal mask inside the model)
+    runs its row loops before and after the diagonal with the test constant (the masked part
+    reads nothing), the step around it as before: bit for bit the kernel without the cut, and
+    eager's values. A band (two cut points) keeps its tests."""
+    import minductor.codegen.cpp as cpp
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        keep = MASKS[mask](x.shape[-1])
+        return (x * 0.125).masked_fill(~keep, float("-inf")).softmax(-1)
+
+    x = torch.randn(2, 3, t, t)
+    with config.patch(debug=True, debug_dir=str(tmp_path / "cut")), torch.no_grad():
+        out = torch.compile(fn, backend="minductor")(x)
+    source = "\n".join(p.read_text() for p in (tmp_path / "cut").glob("graph_*/cpp_*.cpp"))
+    assert ("mi_cut" in source) == (mask != "band"), source
+    torch.testing.assert_close(out, fn(x), rtol=1e-5, atol=1e-6, equal_nan=True)
+    torch._dynamo.reset()
+    monkeypatch.setattr(cpp, "diagonal_spans", lambda *args: None)
+    with config.patch(debug=True, debug_dir=str(tmp_path / "plain"), aot_cache=False), torch.no_grad():
+        plain = torch.compile(fn, backend="minductor")(x)
+    assert torch.equal(out.nan_to_num(), plain.nan_to_num()) and torch.equal(out.isnan(), plain.isnan())

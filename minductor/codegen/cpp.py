@@ -30,7 +30,7 @@ from minductor.codegen.common import (
     to_storage,
 )
 from minductor.codegen.cpp_calls import may_batch
-from minductor.codegen.cpp_interior import emit_innermost, pieces
+from minductor.codegen.cpp_interior import diagonal_spans, emit_innermost, pieces
 from minductor.codegen.cpp_ops import CppOps, cpp_constant, reduction_code, store_combine
 from minductor.codegen.cpp_stream import (
     emit_chunk_loop,
@@ -694,6 +694,8 @@ class CppKernel:
         if parts:  # a concatenation along the reduced dim: a loop per part, its tests constant there
             spans = [(str(lo), str(hi), lines) for lo, hi, lines in parts]
             spans[-1] = (spans[-1][0], "mi_main", spans[-1][2])  # (past mi_main, the tail keeps its tests)
+        elif not streams and not wide and begin == "0":  # (a causal mask: before and after the diagonal)
+            spans = diagonal_spans(self, code, var, size, self.body.lines, self.lanes) or spans
         for i, width in enumerate([] if streams else [wide, self.lanes] if wide else [self.lanes]):
             if wide:
                 code.writeline(f"{'else' if i else f'if (mi_wl == {wide})'}")

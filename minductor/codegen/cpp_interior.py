@@ -101,6 +101,45 @@ def pieces(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str], align: 
     return [(lo, hi, _fold(lines, {name: a * lo + b >= 0 for name, a, b in on_var})) for lo, hi in spans]
 
 
+def diagonal_spans(kernel: Any, code: Any, var: sympy.Symbol, size: Expr, lines: list[str],
+                   align: int) -> list[tuple[str, str, list[str]]] | None:
+    """A reduction's lane loop over ``var`` cut where tests of ``var`` against an outer
+    variable change value (a causal mask's ``j <= i``): the steps before the cut and after it
+    run with those tests constant, the one step around the cut keeps them. Declares the cut
+    (``mi_cut``, clamped to ``[0, mi_main)``) and its step's bounds in ``code``; returns the
+    spans ``[lo, hi)`` of ``mi_base`` with their lines, or None (tests of ``var`` alone, several
+    cut points, a coefficient of ``var`` other than +-1). In the masked part a causal softmax
+    reads nothing and its exp is one loop-invariant value: the suite's transformer block's
+    causal softmax over (8, 4, 128, 128), inside the whole call, one thread 406-411 -> 259-269
+    us, two threads 204-206 -> 133-134."""
+    if not size.is_Integer or int(size) < MIN_SIZE or not kernel.index_tests:
+        return None
+    defined = {line.split(" = ", 1)[0].removeprefix("auto ").strip() for line in lines if line.lstrip().startswith("auto ")}
+    cut: Expr | None = None
+    before: dict[str, bool] = {}
+    for name, expr in kernel.index_tests.items():
+        if name not in defined or var not in expr.free_symbols:
+            continue
+        others = expr.free_symbols - {var}
+        if len(others) != 1 or not is_outer_var(next(iter(others))) or not expr.is_polynomial(*expr.free_symbols):
+            return None
+        a = expr.coeff(var)
+        rest = sympy.expand(expr - a * var)
+        if a not in (1, -1) or rest.has(var) or not sympy.Poly(rest, *others).is_linear:
+            return None
+        # a = 1: v + rest >= 0 holds from v = -rest on; a = -1: up to v = rest, false from rest + 1
+        at = -rest if a == 1 else rest + 1
+        if cut is not None and sympy.expand(at - cut) != 0:
+            return None
+        cut, before[name] = at, a == -1
+    if cut is None:
+        return None
+    code.writeline(f"const int64_t mi_cut = mi_min_i64(mi_max_i64({cpp_index(cut)}, 0), mi_main);  // tests change value here")
+    code.writeline(f"const int64_t mi_cut0 = mi_cut / {align} * {align}, mi_cut1 = mi_min_i64(mi_cut0 + {align}, mi_main);")
+    after = {name: not value for name, value in before.items()}
+    return [("0", "mi_cut0", _fold(lines, before)), ("mi_cut0", "mi_cut1", lines), ("mi_cut1", "mi_main", _fold(lines, after))]
+
+
 def _tests(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> tuple[dict[sympy.Symbol, list[tuple[str, int, int]]], dict[sympy.Symbol, int]]:
     """The body's tests of one loop variable each, ``a v + b >= 0`` as (name, a, b) by
     variable, and each such variable's extent (``size`` for ``var``)."""
