@@ -199,7 +199,7 @@ def test_masked_softmax_rows_cut_at_the_diagonal(tmp_path: Path, monkeypatch: py
     runs its row loops before and after the diagonal with the test constant (the masked part
     reads nothing), the step around it as before: bit for bit the kernel without the cut, and
     eager's values. A band (two cut points) keeps its tests."""
-    import minductor.codegen.cpp as cpp
+    from minductor.codegen import cpp
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         keep = MASKS[mask](x.shape[-1])
