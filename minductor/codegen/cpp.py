@@ -690,12 +690,13 @@ class CppKernel:
             finish_rows(self, code, str(var), end, tail, streams, self.row_streams)
             return
         spans = [(begin, "mi_main", self.body.lines)]
-        parts = pieces(self, var, size, self.body.lines, align=self.lanes) if not streams and not wide and begin == "0" else None
-        if parts:  # a concatenation along the reduced dim: a loop per part, its tests constant there
-            spans = [(str(lo), str(hi), lines) for lo, hi, lines in parts]
-            spans[-1] = (spans[-1][0], "mi_main", spans[-1][2])  # (past mi_main, the tail keeps its tests)
-        elif not streams and not wide and begin == "0":  # (a causal mask: before and after the diagonal)
-            spans = diagonal_spans(self, code, var, size, self.body.lines, self.lanes) or spans
+        if not streams and not wide and begin == "0":  # (the row's tests may cut its loop)
+            parts = pieces(self, var, size, self.body.lines, align=self.lanes)
+            if parts:  # a concatenation along the reduced dim: a loop per part, its tests constant there
+                spans = [(str(lo), str(hi), lines) for lo, hi, lines in parts]
+                spans[-1] = (spans[-1][0], "mi_main", spans[-1][2])  # (past mi_main, the tail keeps its tests)
+            else:  # a causal mask: before and after the diagonal
+                spans = diagonal_spans(self, code, var, size, self.body.lines, self.lanes) or spans
         for i, width in enumerate([] if streams else [wide, self.lanes] if wide else [self.lanes]):
             if wide:
                 code.writeline(f"{'else' if i else f'if (mi_wl == {wide})'}")

@@ -114,7 +114,7 @@ def diagonal_spans(kernel: Any, code: Any, var: sympy.Symbol, size: Expr, lines:
     us, two threads 204-206 -> 133-134."""
     if not size.is_Integer or int(size) < MIN_SIZE or not kernel.index_tests:
         return None
-    defined = {line.split(" = ", 1)[0].removeprefix("auto ").strip() for line in lines if line.lstrip().startswith("auto ")}
+    defined = _defined(lines)
     cut: Expr | None = None
     before: dict[str, bool] = {}
     for name, expr in kernel.index_tests.items():
@@ -143,7 +143,7 @@ def diagonal_spans(kernel: Any, code: Any, var: sympy.Symbol, size: Expr, lines:
 def _tests(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> tuple[dict[sympy.Symbol, list[tuple[str, int, int]]], dict[sympy.Symbol, int]]:
     """The body's tests of one loop variable each, ``a v + b >= 0`` as (name, a, b) by
     variable, and each such variable's extent (``size`` for ``var``)."""
-    defined = {line.split(" = ", 1)[0].removeprefix("auto ").strip() for line in lines if line.lstrip().startswith("auto ")}
+    defined = _defined(lines)
     tests: dict[sympy.Symbol, list[tuple[str, int, int]]] = {}
     extents: dict[sympy.Symbol, int] = {}
     for name, expr in kernel.index_tests.items():
@@ -160,6 +160,11 @@ def _tests(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> tupl
             tests.setdefault(v, []).append((name, int(coeffs[0]), int(coeffs[1])))
             extents[v] = int(extent)
     return tests, extents
+
+
+def _defined(lines: list[str]) -> set[str]:
+    """The names ``lines`` define (``auto name = ...``): the tests a body holds."""
+    return {line.split(" = ", 1)[0].removeprefix("auto ").strip() for line in lines if line.lstrip().startswith("auto ")}
 
 
 def _cuts(on_v: list[tuple[str, int, int]], extent: int) -> list[int]:
