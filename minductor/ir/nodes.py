@@ -422,15 +422,20 @@ class TensorBox(IRNode):
     def origins(self) -> frozenset[str]:  # type: ignore[override]
         return self.data.origins
 
-    def realize(self) -> None:
-        """Realize the storage under this handle (views stay views)."""
+    def storage_box(self) -> StorageBox | None:
+        """The storage under this handle, through any views (None: a view of no storage)."""
         storage = self.data
         while not isinstance(storage, StorageBox):
-            base = getattr(storage, "base", None)
-            if base is None:
-                return
-            storage = base
-        storage.realize()
+            storage = getattr(storage, "base", None)
+            if storage is None:
+                return None
+        return storage
+
+    def realize(self) -> None:
+        """Realize the storage under this handle (views stay views)."""
+        storage = self.storage_box()
+        if storage is not None:
+            storage.realize()
 
     def __str__(self) -> str:
         return f"TensorBox({self.data})"

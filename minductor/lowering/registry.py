@@ -119,6 +119,10 @@ BROADCAST_REALIZE_OPS = 120
 BROADCAST_REALIZE_DIRECT_OPS = 32
 # a computed value a gather reads (a table) is realized first from this many operations an element
 GATHER_REALIZE_OPS = 16
+# a transcendental value a broadcast repeats outside a dim it varies along (its inner loop
+# cannot hoist it) is realized when the repeats would evaluate this many more functions than a
+# buffer does (a kernel of its own costs a few microseconds: thousands of exps)
+BROADCAST_REALIZE_TRANSCENDENTALS = 8192
 
 
 def expand_to(x: TensorBox, size: Sequence[Expr]) -> TensorBox:
@@ -133,8 +137,10 @@ def expand_to(x: TensorBox, size: Sequence[Expr]) -> TensorBox:
     is realized when it costs ``BROADCAST_REALIZE_DIRECT_OPS`` operations an element: Swin's
     shifted-window mask (41, from an image of region ids) was recomputed for every image and
     head in each pass of the softmax (its kernels 111 and 57 us -> 39 and 20). (Transcendental
-    values are left inlined: a squeeze-excitation's sigmoid or a row's exp belongs in its
-    consumer's kernel.)"""
+    values broadcast along inner dims are left inlined: a squeeze-excitation's sigmoid or a
+    row's exp belongs in its consumer's kernel, which evaluates it once per row; one repeated
+    along outer dims, like rotary embeddings' cos and sin tables read by every image and head,
+    is computed once when that saves ``BROADCAST_REALIZE_TRANSCENDENTALS`` evaluations.)"""
     size = [sympy.sympify(s) for s in size]
     old = x.get_size()
     if list(old) == list(size):
@@ -152,12 +158,8 @@ def _repeats(x: TensorBox, size: Sequence[Expr]) -> tuple[Pointwise, int] | None
     """``x``'s body when it is a Pointwise not yet computed into a buffer, and how many times
     a result of ``size`` reads each of its elements on average (None: not a Pointwise, fewer
     than 2 reads, or a symbolic size)."""
-    storage = x.data
-    while not isinstance(storage, StorageBox):
-        storage = getattr(storage, "base", None)
-        if storage is None:
-            return None
-    if type(storage.data) is not Pointwise:
+    storage = x.storage_box()
+    if storage is None or type(storage.data) is not Pointwise:
         return None
     numel, old = sympy.Mul(*size), sympy.Mul(*x.get_size())
     if not (numel.is_Integer and old.is_Integer and int(old) > 0):
@@ -194,6 +196,18 @@ def _realize_if_repeated(x: TensorBox, size: Sequence[Expr]) -> None:
         # (a value along one dim, like a bicubic resize's weights of each output column,
         # the kernel tables or hoists out of its inner loop already)
         x.realize()
+    elif count.transcendental and _repeated_outside(x.get_size(), size) and \
+            (repeats - 1) * sympy.Mul(*x.get_size()) * count.transcendental >= BROADCAST_REALIZE_TRANSCENDENTALS:
+        x.realize()
+
+
+def _repeated_outside(old: Sequence[Expr], size: Sequence[Expr]) -> bool:
+    """Whether broadcasting ``old`` to ``size`` repeats it along a dim outside (before) one
+    it varies along: a loop nest in ``size``'s order then evaluates it again at each repeat."""
+    dims = [sympy.Integer(1)] * (len(size) - len(old)) + list(old)
+    varying = [i for i, o in enumerate(dims) if o != 1]
+    repeated = [i for i, (o, s) in enumerate(zip(dims, size)) if o == 1 and s != 1]
+    return bool(varying and repeated) and min(repeated) < max(varying)
 
 
 def to_dtype(x: TensorBox, dtype: torch.dtype) -> TensorBox:
