@@ -63,7 +63,7 @@ def interior(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> In
     if not size.is_Integer or int(size) < MIN_SIZE or not kernel.index_tests:
         return None
     tests, extents = _tests(kernel, var, size, lines)
-    values: dict[str, bool] = {}
+    values, guards = _outer_tests(kernel, var, lines)
     pieces: dict[sympy.Symbol, tuple[int, int]] = {}
     for v, on_v in tests.items():
         extent = extents[v]
@@ -76,9 +76,37 @@ def interior(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> In
     if not values:
         return None
     lo, hi = pieces.pop(var, (0, int(size)))
-    guards = [g for v, (a, b) in pieces.items() for g in ([f"{v} >= {a}"] if a > 0 else []) +
-              ([f"{v} < {b}"] if b < extents[v] else [])]
+    guards += [g for v, (a, b) in pieces.items() for g in ([f"{v} >= {a}"] if a > 0 else []) +
+               ([f"{v} < {b}"] if b < extents[v] else [])]
     return Interior(" && ".join(f"({g})" for g in guards), lo, hi, _fold(lines, values))
+
+
+OUTER_TEST_POINTS = 4096  # a test of outer variables is tabulated over at most this many points
+
+
+def _outer_tests(kernel: Any, var: sympy.Symbol, lines: list[str]) -> tuple[dict[str, bool], list[str]]:
+    """Tests of outer variables alone that are not affine in one (``_tests`` cuts ranges at
+    those): a pooling window's row clamped and halved, ``min(15, (1 + h) // 2) - 1 >= 0`` in a
+    max-pool backward. Each is folded to the value it takes at most points of its variables'
+    static ranges, under a guard that it takes it; GCC 12 vectorized no loop that read through
+    four windows' masked loads (a ResNet stem's pool backward, (4, 32, 32, 32): 1.62 ms)."""
+    values: dict[str, bool] = {}
+    guards: list[str] = []
+    defined = _defined(lines)
+    for name, expr in kernel.index_tests.items():
+        free = sorted(expr.free_symbols, key=str)
+        if name not in defined or not free or var in free or not all(is_outer_var(v) for v in free):
+            continue
+        if len(free) == 1 and expr.is_polynomial(free[0]) and sympy.Poly(expr, free[0]).degree() <= 1:
+            continue  # (an affine test: _tests cuts its variable's range)
+        extents = [kernel.range_of.get(v) for v in free]
+        if not all(isinstance(e, sympy.Integer) for e in extents) or sympy.Mul(*extents) > OUTER_TEST_POINTS:
+            continue
+        holds = sum(bool(expr.xreplace(dict(zip(free, map(sympy.Integer, point)))) >= 0)
+                    for point in itertools.product(*(range(int(e)) for e in extents)))
+        values[name] = 2 * holds >= int(sympy.Mul(*extents))
+        guards.append(f"{cpp_index(expr)} {'>=' if values[name] else '<'} 0")
+    return values, guards
 
 
 def pieces(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str], align: int = 1) -> list[tuple[int, int, list[str]]] | None:
