@@ -484,3 +484,22 @@ def test_group_norm_from_channel_statistics_stays_accurate(channels_last: bool, 
         eager_error = (e.double() - ref).abs().max().item() / scale
         error = (c.double() - ref).abs().max().item() / scale
         assert error <= 2 * eager_error + (1e-6 if dtype == torch.float32 else 1e-2), (error, eager_error)
+
+
+def test_reductions_of_a_few_elements_are_pointwise(tmp_path) -> None:
+    """A reduction of at most 8 elements (``UNROLL_MAX``) combines them in one pointwise body,
+    which inlines and tiles like any other (a DeBERTa backward summed a gradient over 2, read
+    transposed, as 65536 scalar two-step reductions); over 9 it stays a reduction. Results match
+    eager: NaN through max/min, bfloat16 summed in float32, several reduced dims."""
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x.permute(0, 1, 3, 2).sum(0), x.amax(1), x.amin(1), (x * 0.5 + 1).prod(0), (x > 0).any(0),
+                x.to(torch.bfloat16).sum(0), x[:, :3].sum((0, 1)), x.sum(-1))
+
+    x = torch.randn(2, 4, 16, 9)
+    x[0, 1, 2, 3] = NAN
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        out = torch.compile(fn, backend="minductor")(x)
+    for got, want in zip(out, fn(x)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+    (ir,) = [p.read_text() for p in tmp_path.glob("graph_*/ir_pre_fusion.txt")]
+    assert ir.count("Reduction(") == 1, ir  # x.sum(-1), over 9

@@ -1,6 +1,7 @@
 """Reduction lowerings: sum, prod, mean, amax/amin, argmax/argmin, any/all, var/var_mean."""
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,6 +64,9 @@ def make_reduction(
 
     if all(s == 1 for s in reduction_ranges):  # one element each: elementwise, free to inline
         return _single_element(x, inner_fn, ranges, reduction_type, dtype, output_index, len(reduced))
+    count = sympy.Mul(*reduction_ranges)
+    if reduction_type in _COMBINE and count.is_Integer and int(count) <= UNROLL_MAX:
+        return _unrolled(x, inner_fn, ranges, reduction_ranges, reduction_type, dtype)
     node = Reduction(
         x.get_device(), dtype, inner_fn, ranges, origins=x.origins | {reduction_type},
         src_dtype=src_dtype, reduction_ranges=reduction_ranges, reduction_type=reduction_type,
@@ -83,6 +87,30 @@ def _single_element(x: TensorBox, inner_fn: Any, ranges: list[Expr], reduction_t
         if reduction_type in ("argmax", "argmin") or (reduction_type == "welford_reduce" and output_index == 1):
             return ops.constant(0, dtype)
         return ops.to_dtype(inner_fn(index, zero), dtype)
+
+    return TensorBox.create(Pointwise(x.get_device(), dtype, fn, ranges, origins=x.origins | {reduction_type}))
+
+
+# A reduction of at most this many elements (a static count) is a pointwise combination of
+# them, free to inline and to tile like any pointwise body: a DeBERTa backward's sum over 2
+# (a (2, 4, 256, 64) gradient read transposed) ran as 65536 scalar two-step reductions
+# (130 us, four such a step).
+UNROLL_MAX = 8
+_COMBINE = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum", "any": "logical_or"}
+
+
+def _unrolled(x: TensorBox, inner_fn: Any, ranges: list[Expr], reduction_ranges: list[Expr], reduction_type: str,
+              dtype: torch.dtype) -> TensorBox:
+    """The reduction over a few elements as one pointwise body combining them in order."""
+    combine = getattr(ops, _COMBINE[reduction_type])
+    points = list(itertools.product(*(range(int(s)) for s in reduction_ranges)))
+
+    def fn(index: Sequence[Expr]) -> Any:
+        acc = None
+        for point in points:
+            value = inner_fn(index, [sympy.Integer(r) for r in point])
+            acc = value if acc is None else combine(acc, value)
+        return ops.to_dtype(acc, dtype)
 
     return TensorBox.create(Pointwise(x.get_device(), dtype, fn, ranges, origins=x.origins | {reduction_type}))
 
