@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 from typing import Any
 
 import sympy
@@ -82,6 +83,8 @@ def interior(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> In
 
 
 OUTER_TEST_POINTS = 4096  # a test of outer variables is tabulated over at most this many points
+_INDEX_FUNCTIONS = {"FloorDiv": operator.floordiv, "ModularIndexing": lambda base, div, mod: base // div % mod,
+                    "Min": min, "Max": max}
 
 
 def _outer_tests(kernel: Any, var: sympy.Symbol, lines: list[str]) -> tuple[dict[str, bool], list[str]]:
@@ -102,8 +105,9 @@ def _outer_tests(kernel: Any, var: sympy.Symbol, lines: list[str]) -> tuple[dict
         extents = [kernel.range_of.get(v) for v in free]
         if not all(isinstance(e, sympy.Integer) for e in extents) or sympy.Mul(*extents) > OUTER_TEST_POINTS:
             continue
-        holds = sum(bool(expr.xreplace(dict(zip(free, map(sympy.Integer, point)))) >= 0)
-                    for point in itertools.product(*(range(int(e)) for e in extents)))
+        # (evaluated as Python: 85 us a point through sympy, a 64x64 test took 350 ms)
+        test = sympy.lambdify(free, expr, modules=[_INDEX_FUNCTIONS])
+        holds = sum(test(*point) >= 0 for point in itertools.product(*(range(int(e)) for e in extents)))
         values[name] = 2 * holds >= int(sympy.Mul(*extents))
         guards.append(f"{cpp_index(expr)} {'>=' if values[name] else '<'} 0")
     return values, guards
