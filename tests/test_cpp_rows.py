@@ -266,7 +266,8 @@ def test_transcendental_tables_repeated_over_outer_dims_are_computed_once(tmp_pa
     8.1 ms of kernels in all, 1.9 after): computed once into a table when read through a view
     by several users (the unsqueeze the layers share) and when one broadcast repeats it along
     outer dims. A sigmoid gate per (image, channel), repeated along the inner dims, stays in
-    its consumer's kernel (evaluated once per row there). Results match eager."""
+    its consumer's kernel (evaluated once per row there), as does a value per head repeated
+    over images (once per image and head). Results match eager."""
     from minductor import config
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
@@ -283,15 +284,19 @@ def test_transcendental_tables_repeated_over_outer_dims_are_computed_once(tmp_pa
     def gate(q: torch.Tensor, k: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
         return q * torch.sigmoid(k[:, :, :1, :1]) + k
 
+    def per_head(q: torch.Tensor, k: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        # (a value per head, repeated over images outside it: evaluated once per (image, head))
+        return q * torch.exp(f[0, :4, :1]).unsqueeze(-1) + k
+
     q, k = torch.randn(4, 4, 128, 64), torch.randn(4, 4, 128, 64)
     f = torch.arange(128.0)[None, :, None] * torch.rand(1, 1, 32)
-    for name, fn in [("shared", shared), ("single", single), ("gate", gate)]:
+    for name, fn in [("shared", shared), ("single", single), ("gate", gate), ("per_head", per_head)]:
         torch._dynamo.reset()
         with config.patch(debug=True, debug_dir=str(tmp_path / name)), torch.no_grad():
             torch.testing.assert_close(torch.compile(fn, backend="minductor")(q, k, f), fn(q, k, f))
         sources = [p.read_text() for p in (tmp_path / name).glob("graph_*/cpp_*.cpp")]
-        if name == "gate":
-            assert len(sources) == 1 and "sigmoid" in sources[0], sources
+        if name in ("gate", "per_head"):
+            assert len(sources) == 1 and ("sigmoid" if name == "gate" else "mi_exp(") in sources[0], sources
             continue
         (tables,) = [src for src in sources if "mi_cos(" in src]
         # a kernel of the table alone: it reads f, not q or k

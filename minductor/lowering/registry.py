@@ -119,9 +119,9 @@ BROADCAST_REALIZE_OPS = 120
 BROADCAST_REALIZE_DIRECT_OPS = 32
 # a computed value a gather reads (a table) is realized first from this many operations an element
 GATHER_REALIZE_OPS = 16
-# a transcendental value a broadcast repeats outside a dim it varies along (its inner loop
-# cannot hoist it) is realized when the repeats would evaluate this many more functions than a
-# buffer does (a kernel of its own costs a few microseconds: thousands of exps)
+# a transcendental value a broadcast repeats outside a dim it varies along (inner loops cannot
+# hoist it) is realized when the repeats would evaluate this many more functions than a buffer
+# does (a kernel of its own costs a few microseconds: thousands of exps)
 BROADCAST_REALIZE_TRANSCENDENTALS = 8192
 
 
@@ -196,18 +196,19 @@ def _realize_if_repeated(x: TensorBox, size: Sequence[Expr]) -> None:
         # (a value along one dim, like a bicubic resize's weights of each output column,
         # the kernel tables or hoists out of its inner loop already)
         x.realize()
-    elif count.transcendental and _repeated_outside(x.get_size(), size) and \
-            (repeats - 1) * sympy.Mul(*x.get_size()) * count.transcendental >= BROADCAST_REALIZE_TRANSCENDENTALS:
+    elif count.transcendental and (_evaluations(x.get_size(), size) - sympy.Mul(*x.get_size())) * \
+            count.transcendental >= BROADCAST_REALIZE_TRANSCENDENTALS:
         x.realize()
 
 
-def _repeated_outside(old: Sequence[Expr], size: Sequence[Expr]) -> bool:
-    """Whether broadcasting ``old`` to ``size`` repeats it along a dim outside (before) one
-    it varies along: a loop nest in ``size``'s order then evaluates it again at each repeat."""
+def _evaluations(old: Sequence[Expr], size: Sequence[Expr]) -> Expr:
+    """How many times a loop nest over ``size`` (in its order) evaluates a value of ``old``
+    broadcast to it, the loops inside the last dim it varies along hoisting it: a value that
+    varies along the innermost dim is evaluated at every element (rotary tables read by every
+    image and head), one constant along the inner dims once per row (a gate per channel)."""
     dims = [sympy.Integer(1)] * (len(size) - len(old)) + list(old)
     varying = [i for i, o in enumerate(dims) if o != 1]
-    repeated = [i for i, (o, s) in enumerate(zip(dims, size)) if o == 1 and s != 1]
-    return bool(varying and repeated) and min(repeated) < max(varying)
+    return sympy.Mul(*size[: varying[-1] + 1]) if varying else sympy.Integer(1)
 
 
 def to_dtype(x: TensorBox, dtype: torch.dtype) -> TensorBox:
