@@ -63,8 +63,8 @@ def interior(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> In
     ``var`` the interior is ``[lo, hi)``; along outer variables it is the guard."""
     if not size.is_Integer or int(size) < MIN_SIZE or not kernel.index_tests:
         return None
-    tests, extents = _tests(kernel, var, size, lines)
-    values, guards = _outer_tests(kernel, var, lines)
+    tests, extents, others = _tests(kernel, var, size, lines)
+    values, guards = _outer_tests(kernel, others)
     pieces: dict[sympy.Symbol, tuple[int, int]] = {}
     for v, on_v in tests.items():
         extent = extents[v]
@@ -87,7 +87,7 @@ _INDEX_FUNCTIONS = {"FloorDiv": operator.floordiv, "ModularIndexing": lambda bas
                     "Min": min, "Max": max}
 
 
-def _outer_tests(kernel: Any, var: sympy.Symbol, lines: list[str]) -> tuple[dict[str, bool], list[str]]:
+def _outer_tests(kernel: Any, others: list[tuple[str, Expr]]) -> tuple[dict[str, bool], list[str]]:
     """Tests of outer variables alone that are not affine in one (``_tests`` cuts ranges at
     those): a pooling window's row clamped and halved, ``min(15, (1 + h) // 2) - 1 >= 0`` in a
     max-pool backward. Each is folded to the value it takes at most points of its variables'
@@ -95,13 +95,8 @@ def _outer_tests(kernel: Any, var: sympy.Symbol, lines: list[str]) -> tuple[dict
     four windows' masked loads (a ResNet stem's pool backward, (4, 32, 32, 32): 1.62 ms)."""
     values: dict[str, bool] = {}
     guards: list[str] = []
-    defined = _defined(lines)
-    for name, expr in kernel.index_tests.items():
+    for name, expr in others:
         free = sorted(expr.free_symbols, key=str)
-        if name not in defined or not free or var in free or not all(is_outer_var(v) for v in free):
-            continue
-        if len(free) == 1 and expr.is_polynomial(free[0]) and sympy.Poly(expr, free[0]).degree() <= 1:
-            continue  # (an affine test: _tests cuts its variable's range)
         extents = [kernel.range_of.get(v) for v in free]
         if not all(isinstance(e, sympy.Integer) for e in extents) or sympy.Mul(*extents) > OUTER_TEST_POINTS:
             continue
@@ -122,7 +117,7 @@ def pieces(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str], align: 
     loop computed all four parts (masked) at every element."""
     if not size.is_Integer or not kernel.index_tests:
         return None
-    tests, _ = _tests(kernel, var, size, lines)
+    tests, _, _ = _tests(kernel, var, size, lines)
     on_var = tests.get(var)
     if not on_var:
         return None
@@ -172,26 +167,40 @@ def diagonal_spans(kernel: Any, code: Any, var: sympy.Symbol, size: Expr, lines:
     return [("0", "mi_cut0", _fold(lines, before)), ("mi_cut0", "mi_cut1", lines), ("mi_cut1", "mi_main", _fold(lines, after))]
 
 
-def _tests(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> tuple[dict[sympy.Symbol, list[tuple[str, int, int]]], dict[sympy.Symbol, int]]:
+def _tests(kernel: Any, var: sympy.Symbol, size: Expr, lines: list[str]) -> tuple[
+        dict[sympy.Symbol, list[tuple[str, int, int]]], dict[sympy.Symbol, int], list[tuple[str, Expr]]]:
     """The body's tests of one loop variable each, ``a v + b >= 0`` as (name, a, b) by
-    variable, and each such variable's extent (``size`` for ``var``)."""
+    variable, and each such variable's extent (``size`` for ``var``); and the other tests of
+    outer variables alone, (name, expression) (``_outer_tests``)."""
     defined = _defined(lines)
     tests: dict[sympy.Symbol, list[tuple[str, int, int]]] = {}
     extents: dict[sympy.Symbol, int] = {}
+    others: list[tuple[str, Expr]] = []
     for name, expr in kernel.index_tests.items():
-        if name not in defined or len(expr.free_symbols) != 1:
+        free = expr.free_symbols
+        if name not in defined or not free:
             continue
-        (v,) = expr.free_symbols
-        if v != var and not is_outer_var(v):
+        if len(free) == 1 and _affine_test(kernel, var, size, name, expr, tests, extents):
             continue
-        if not expr.is_polynomial(v):  # (a FloorDiv)
-            continue
-        coeffs = sympy.Poly(expr, v).all_coeffs()
-        extent = size if v == var else kernel.range_of.get(v)
-        if len(coeffs) == 2 and all(c.is_Integer for c in coeffs) and isinstance(extent, sympy.Integer):
-            tests.setdefault(v, []).append((name, int(coeffs[0]), int(coeffs[1])))
-            extents[v] = int(extent)
-    return tests, extents
+        if var not in free and all(is_outer_var(v) for v in free):
+            others.append((name, expr))
+    return tests, extents, others
+
+
+def _affine_test(kernel: Any, var: sympy.Symbol, size: Expr, name: str, expr: Expr,
+                 tests: dict[sympy.Symbol, list[tuple[str, int, int]]], extents: dict[sympy.Symbol, int]) -> bool:
+    """Record ``expr >= 0`` in ``tests`` when it is ``a v + b`` of one loop variable of a
+    static extent, integers ``a`` and ``b``; whether it was."""
+    (v,) = expr.free_symbols
+    if (v != var and not is_outer_var(v)) or not expr.is_polynomial(v):  # (a FloorDiv)
+        return False
+    coeffs = sympy.Poly(expr, v).all_coeffs()
+    extent = size if v == var else kernel.range_of.get(v)
+    if len(coeffs) != 2 or not all(c.is_Integer for c in coeffs) or not isinstance(extent, sympy.Integer):
+        return False
+    tests.setdefault(v, []).append((name, int(coeffs[0]), int(coeffs[1])))
+    extents[v] = int(extent)
+    return True
 
 
 def _defined(lines: list[str]) -> set[str]:
