@@ -225,20 +225,19 @@ def addmm(bias: TensorBox, a: TensorBox, b: TensorBox, *, beta: Any = 1, alpha: 
     read it back (beta=1)."""
     if _half_as_float(a, b) and isinstance(bias, IRNode):
         return _half_as_float_with_bias(mm(to_dtype(a, torch.float32), to_dtype(b, torch.float32)), bias, beta, alpha)
-    if beta == 1 and alpha == 1 and _bias_in_epilogue(bias, a):
+    if beta == 1 and alpha == 1 and isinstance(bias, IRNode):
         from minductor.lowering.registry import lowerings
 
-        return lowerings[aten.add.Tensor](mm(a, b), bias)
-    if beta == 1 and alpha == 1 and _bias_in_epilogue(bias, a, (torch.bfloat16, torch.float16)):
+        if _bias_in_epilogue(bias, a):
+            return lowerings[aten.add.Tensor](mm(a, b), bias)
         # a 16-bit linear layer of one row, or of a few read in streams: the sums in float32,
         # the bias added before the one rounding, as the GEMM's epilogue does (a batch-1
         # bfloat16 decoding step's MLP went to aten's addmm, reading its weights at 9 GB/s on
         # one thread; 3-4 bf16 rows of 1024 summed column by column on one stream: 1.13x
         # slower than aten's)
-        product = _vector_product(a, b, wide_result=True, streamed_only=True)
+        product = _vector_product(a, b, wide_result=True, streamed_only=True) \
+            if _bias_in_epilogue(bias, a, (torch.bfloat16, torch.float16)) else None
         if product is not None:
-            from minductor.lowering.registry import lowerings
-
             return to_dtype(lowerings[aten.add.Tensor](product, bias), a.get_dtype())
     return extern_out(aten.addmm.out, bias, a, b, beta=beta, alpha=alpha)
 
