@@ -142,6 +142,26 @@ def test_avg_pool_big_window_is_a_reduction() -> None:
     check(lambda t: F.avg_pool2d(t, 6, 3, 3, ceil_mode=True, count_include_pad=False), image(2, 3, 9, 10), exact=False)
 
 
+@pytest.mark.parametrize("shape", [(2, 6, 2, 2), (1, 3, 3, 5)], ids=str)
+def test_windows_larger_than_their_input_sum_only_what_they_can_hold(shape: tuple[int, ...], tmp_path: Any) -> None:
+    """HF EfficientNet pools its last 2x2 map with ``AvgPool2d(640, ceil_mode=True)``: a window
+    element past the input (and its padding) holds nothing at any output, so the window is
+    clipped to the input before it is summed: 4 unrolled loads, not a Reduction over 409600
+    masked positions (137 ms a call); the divisor still follows eager's rule."""
+    x = image(*shape)
+    cases = [lambda t: F.avg_pool2d(t, 640, ceil_mode=True),
+             lambda t: F.avg_pool2d(t, (7, 9), None, (1, 1), ceil_mode=True, count_include_pad=True),
+             lambda t: F.avg_pool2d(t, (7, 9), None, (1, 1), ceil_mode=True, count_include_pad=False),
+             lambda t: F.max_pool2d(t, 64, ceil_mode=True, return_indices=True),
+             lambda t: F.max_pool2d(t, (4, 40), (10, 40), (0, 1), dilation=(3, 1), ceil_mode=True, return_indices=True)]
+    for i, fn in enumerate(cases):
+        torch._dynamo.reset()
+        with config.patch(debug=True, debug_dir=str(tmp_path / str(i))):
+            check(fn, x)
+        sources = [p.read_text() for p in (tmp_path / str(i)).glob("graph_*/cpp_fused_*.cpp")]
+        assert sources and not any("ri0" in src for src in sources), sources  # no reduction loop
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_avg_pool2d_dtypes(dtype: torch.dtype) -> None:
     check(lambda t: F.avg_pool2d(t, 3, 2, 1), image(2, 3, 9, 9, dtype=dtype))

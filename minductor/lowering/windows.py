@@ -143,12 +143,18 @@ class _Sweep:
         self.out_sizes = [_pool_out(*args, ceil_mode) for args in zip(in_sizes, kernel, stride, padding, dilation)]
         if any(not _at_hint(o - 1) for o in self.out_sizes):
             raise Unsupported(f"pooling with an empty output {self.out_sizes}")
+        # window elements that can hold an input position: element k's first position is
+        # k * d - p (output 0), so from ceil((size + p) / d) on none of a static size does.
+        # A window larger than its input (HF EfficientNet's 640x640 average pool with
+        # ceil_mode over a 2x2 map) then sums 4 elements, not a masked 409600
+        self.reach = [min(k, -(-(int(size) + p) // d)) if size.is_Integer else k
+                      for size, k, p, d in zip(in_sizes, kernel, padding, dilation)]
 
     def position(self, dim: int, out: Expr, k: int | Expr) -> tuple[Expr, bool, bool]:
         """Input position of window element ``k`` (a number, or a reduction variable over
         the window) of output ``out``, and whether it can fall below 0 / at or past the end."""
         d, p = self.dilation[dim], self.padding[dim]
-        k_lo, k_hi = (k, k) if isinstance(k, int) else (0, self.kernel[dim] - 1)
+        k_lo, k_hi = (k, k) if isinstance(k, int) else (0, self.reach[dim] - 1)
         last = (self.out_sizes[dim] - 1) * self.stride[dim] + k_hi * d - p
         return out * self.stride[dim] + k * d - p, k_lo * d - p < 0, not _always(self.in_sizes[dim] - 1 - last)
 
@@ -213,12 +219,13 @@ def _max_pool(x: TensorBox, kernel_size: Any, stride: Any, padding: Any, dilatio
               n: int, name: str) -> tuple[TensorBox, TensorBox]:
     kernel = _ints(kernel_size, n)
     sweep = _Sweep(_spatial(x, n, name), kernel, _ints(stride, n, kernel), _ints(padding, n), _ints(dilation, n), ceil_mode)
-    if math.prod(kernel) > MAX_UNROLL:
+    reach = sweep.reach
+    if math.prod(reach) > MAX_UNROLL:
         raise Unsupported(f"{name}: window {kernel} larger than {MAX_UNROLL} positions")
     size = list(x.get_size()[:-n]) + sweep.out_sizes
     position = _sweep_position(sweep)
-    values = _pointwise(x, x.get_dtype(), _max_window(x, n, kernel, sweep.in_sizes, position, False), size, name)
-    indices = _pointwise(x, I64, _max_window(x, n, kernel, sweep.in_sizes, position, True), size, name)
+    values = _pointwise(x, x.get_dtype(), _max_window(x, n, reach, sweep.in_sizes, position, False), size, name)
+    indices = _pointwise(x, I64, _max_window(x, n, reach, sweep.in_sizes, position, True), size, name)
     return values, indices
 
 
@@ -289,7 +296,7 @@ def _max_pool_backward(grad: TensorBox, x: TensorBox, kernel_size: Any, stride: 
                        ceil_mode: bool, indices: TensorBox, n: int, name: str) -> TensorBox:
     kernel = _ints(kernel_size, n)
     sweep = _Sweep(_spatial(x, n, name), kernel, _ints(stride, n, kernel), _ints(padding, n), _ints(dilation, n), ceil_mode)
-    counts = _sweep_candidates(sweep, [(k - 1) * d + 1 for k, d in zip(kernel, sweep.dilation)])
+    counts = _sweep_candidates(sweep, [(k - 1) * d + 1 for k, d in zip(sweep.reach, sweep.dilation)])
     g_load, i_load, compute = grad.make_loader(), indices.make_loader(), _compute_dtype(grad.get_dtype())
 
     def candidate(dim: int, pos: Expr, j: int) -> tuple[Expr, Any]:
@@ -475,7 +482,7 @@ def _avg_pool(x: TensorBox, kernel_size: Any, stride: Any, padding: Any, ceil_mo
     compute = _compute_dtype(x.get_dtype())
     size = list(x.get_size()[:-n]) + sweep.out_sizes
 
-    total = _window_sum(x, n, sweep.kernel, _sweep_position(sweep), size, compute, name)
+    total = _window_sum(x, n, sweep.reach, _sweep_position(sweep), size, compute, name)
 
     def inner_fn(index: Sequence[Expr]) -> Any:
         divisor = _avg_divisor(sweep, list(index[-n:]), count_include_pad, divisor_override, compute)
@@ -499,7 +506,7 @@ def avg_pool3d(x: TensorBox, kernel_size: Any, stride: Any = (), padding: Any = 
 def _avg_pool_backward(grad: TensorBox, x: TensorBox, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
                        count_include_pad: bool, divisor_override: int | None, n: int, name: str) -> TensorBox:
     sweep = _avg_pool_args(x, kernel_size, stride, padding, ceil_mode, n, name)
-    counts = _sweep_candidates(sweep, sweep.kernel)
+    counts = _sweep_candidates(sweep, sweep.reach)
     g_load, compute = grad.make_loader(), _compute_dtype(grad.get_dtype())
 
     def candidate(dim: int, pos: Expr, j: int) -> tuple[Expr, Any]:
