@@ -380,3 +380,61 @@ def test_pointwise_convolutions_as_products_train(tmp_path: Path) -> None:
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     forward = next(tmp_path.glob("graph_*_forward/output_code.py")).read_text()
     assert len(_conv_inputs(forward)) == 1, forward
+
+
+class PointwiseConv1d(torch.nn.Module):
+    """SqueezeBERT's layers: kernel-1 conv1d over a (batch, length, channels) activation read
+    transposed, grouped and not, one with its input computed (a flexible layout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = torch.nn.Conv1d(64, 64, 1, groups=4)
+        self.up = torch.nn.Conv1d(64, 96, 1, bias=False)
+        self.down = torch.nn.Conv1d(96, 48, 1, groups=2)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        x = h.permute(0, 2, 1)
+        return self.down(F.gelu(self.up(self.q(x) + x))).permute(0, 2, 1)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_pointwise_conv1d_of_transposed_rows_runs_as_products(grad: bool, tmp_path: Path) -> None:
+    """A kernel-1 conv1d of an input stored (N, L, C) is a product of its rows of channels (per
+    group a batch of a ``bmm`` writing the group's columns): no aten convolution, which copies
+    such an input and each group (SqueezeBERT's grouped layers: 189 -> 99 us); results, strides
+    and gradients as eager's."""
+    torch.manual_seed(0)
+    model = PointwiseConv1d()
+    h = torch.randn(2, 24, 64, requires_grad=grad)
+    if not grad:
+        code = _compile(model, h, tmp_path=tmp_path)
+        assert not _conv_inputs(code) and code.count("torch.bmm(") == 2, code
+        return
+    model(h).square().mean().backward()
+    expected = [p.grad.clone() for p in model.parameters()] + [h.grad.clone()]
+    model.zero_grad()
+    h.grad = None
+    with config.patch(debug=True, debug_dir=str(tmp_path)):
+        torch.compile(model, backend="minductor")(h).square().mean().backward()
+    for got, want in zip([p.grad for p in model.parameters()] + [h.grad], expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    forward = next(tmp_path.glob("graph_*_forward/output_code.py")).read_text()
+    assert not _conv_inputs(forward) and forward.count("torch.bmm(") == 2, forward
+
+
+def test_pointwise_conv1d_over_symbolic_lengths(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = PointwiseConv1d().eval()
+    fn = torch.compile(model, backend="minductor", dynamic=True)
+    with torch.no_grad():
+        for length in (24, 37, 5):
+            h = torch.randn(3, length, 64)
+            torch.testing.assert_close(fn(h), model(h), rtol=1e-4, atol=1e-4)
+
+
+def test_pointwise_conv1d_of_channels_first_storage_stays_a_convolution(tmp_path: Path) -> None:
+    """An input stored (N, C, L) (a graph input) would need a transposing copy to be rows: aten's
+    convolution reads it as it is."""
+    conv = torch.nn.Conv1d(32, 16, 1, groups=2).eval()
+    code = _compile(conv, torch.randn(2, 32, 20), tmp_path=tmp_path)
+    assert len(_conv_inputs(code)) == 1, code
