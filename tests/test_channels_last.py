@@ -401,8 +401,8 @@ class PointwiseConv1d(torch.nn.Module):
 def test_pointwise_conv1d_of_transposed_rows_runs_as_products(grad: bool, tmp_path: Path) -> None:
     """A kernel-1 conv1d of an input stored (N, L, C) is a product of its rows of channels (per
     group a batch of a ``bmm`` writing the group's columns): no aten convolution, which copies
-    such an input and each group (SqueezeBERT's grouped layers: 189 -> 99 us); results, strides
-    and gradients as eager's."""
+    such an input and each group (SqueezeBERT's grouped layers: 189 -> 99 us), in the forward
+    or the backward; results, strides and gradients as eager's."""
     torch.manual_seed(0)
     model = PointwiseConv1d()
     h = torch.randn(2, 24, 64, requires_grad=grad)
@@ -420,6 +420,9 @@ def test_pointwise_conv1d_of_transposed_rows_runs_as_products(grad: bool, tmp_pa
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     forward = next(tmp_path.glob("graph_*_forward/output_code.py")).read_text()
     assert not _conv_inputs(forward) and forward.count("torch.bmm(") == 2, forward
+    # the backward's products too: each input's gradient dy @ W and weight's dy^T @ x
+    backward = next(tmp_path.glob("graph_*_backward/output_code.py")).read_text()
+    assert "convolution_backward" not in backward and backward.count("torch.bmm(") == 4, backward
 
 
 def test_pointwise_conv1d_over_symbolic_lengths(tmp_path: Path) -> None:
