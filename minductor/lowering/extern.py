@@ -330,7 +330,7 @@ def _pointwise_conv1d_backward_as_products(grad_output: TensorBox, x: TensorBox,
     from minductor.lowering.views import permute, view
 
     sizes = [sympy.sympify(e) for e in (*x.get_size(), *weight.get_size())]
-    if (transposed or len(sizes) != 6 or x.get_device().type != "cpu" or not _conv1d_rows_apply(x, weight, stride, padding, dilation)
+    if (transposed or len(sizes) != 6 or x.get_device().type != "cpu" or not _rows_product_applies(x, weight, stride, padding, dilation)
             or grad_output.get_dtype() != torch.float32 or not all(e.is_Integer for e in sizes[1:2] + sizes[3:])
             or sizes[5] != 1 or int(sizes[1]) % groups or int(sizes[3]) % groups or not _rows_of_channels(x)):
         return None
@@ -343,24 +343,24 @@ def _pointwise_conv1d_backward_as_products(grad_output: TensorBox, x: TensorBox,
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
         if groups == 1:
-            gi = mm(dy, w, val=_fake_2d(val[0], val[0].shape[0] * val[0].shape[2], c))
+            gi = mm(dy, w, val=_fake_like(val[0], val[0].shape[0] * val[0].shape[2], c))
         else:
             gi = _grouped_rows_product(permute(view(dy, [rows_n, groups, og]), [1, 0, 2]), view(w, [groups, og, cg]),
                                        rows_n, groups, cg, x)
         grad_input = permute(view(gi, [n, length, c]), [0, 2, 1])
     if output_mask[1]:
         if groups == 1:
-            gw = mm(permute(dy, [1, 0]), xs, val=_fake_2d(val[1], c_out, c))
+            gw = mm(permute(dy, [1, 0]), xs, val=_fake_like(val[1], c_out, c))
         else:
             gw = extern_out(aten.bmm.out, permute(view(dy, [rows_n, groups, og]), [1, 2, 0]),
-                            permute(view(xs, [rows_n, groups, cg]), [1, 0, 2]), val=_fake_3d(val[1], groups, og, cg))
+                            permute(view(xs, [rows_n, groups, cg]), [1, 0, 2]), val=_fake_like(val[1], groups, og, cg))
         grad_weight = view(gw, [c_out, cg, 1])
     if output_mask[2]:
         grad_bias = lowerings[aten.sum.dim_IntList](grad_output, [0, 2])
     return grad_input, grad_weight, grad_bias
 
 
-def _conv1d_rows_apply(x: TensorBox, weight: TensorBox, stride: Any, padding: Any, dilation: Any) -> bool:
+def _rows_product_applies(x: TensorBox, weight: TensorBox, stride: Any, padding: Any, dilation: Any) -> bool:
     """The conditions, but for the layout, under which a kernel-1 conv1d runs as products."""
     from minductor import config
 
@@ -368,18 +368,13 @@ def _conv1d_rows_apply(x: TensorBox, weight: TensorBox, stride: Any, padding: An
             and x.get_dtype() == torch.float32 and weight.get_dtype() == torch.float32)
 
 
-def _fake_3d(like: torch.Tensor, *size: int) -> torch.Tensor:
+def _fake_like(like: torch.Tensor, *size: Any) -> torch.Tensor:
+    """A fake contiguous result of ``size`` in ``like``'s fake mode, of its dtype and device."""
     with like.fake_mode:
         return like.new_empty(size)
 
 
-def _fake_2d(like: torch.Tensor, rows: Any, cols: int) -> torch.Tensor:
-    """A fake contiguous (rows, cols) result of ``like``'s fake mode, dtype and device."""
-    with like.fake_mode:
-        return like.new_empty((rows, cols))
-
-
-def _grouped_rows_product(a: TensorBox, b: TensorBox, rows: Expr, groups: int, cols: int, like: TensorBox) -> TensorBox:
+def _grouped_rows_product(a: TensorBox, b: TensorBox, rows: sympy.Expr, groups: int, cols: int, like: TensorBox) -> TensorBox:
     """``bmm(a, b)`` of (groups, rows, k) by (groups, k, cols), each group's result written to
     its columns of one (rows, groups * cols) buffer: a (rows, groups * cols) view of it."""
     from minductor.lowering.views import permute, view
@@ -447,12 +442,11 @@ def _pointwise_conv1d_as_product(x: TensorBox, weight: TensorBox, bias: Any, str
     results: SqueezeBERT's layers (2, 256 -> 256, 128) in 4 groups 189 us a call against 99 as a
     product, 1024 -> 256 in 4 groups 1178 against 364, 256 -> 256 ungrouped 401 against 329 (one
     thread). An input stored (N, C, L) stays aten's (its rows would need a transposing copy)."""
-    from minductor import config
     from minductor.lowering.registry import lowerings
     from minductor.lowering.views import permute, view
 
     sizes = [sympy.sympify(e) for e in (*x.get_size(), *weight.get_size())]
-    if (transposed or len(sizes) != 6 or x.get_device().type != "cpu" or not _conv1d_rows_apply(x, weight, stride, padding, dilation)
+    if (transposed or len(sizes) != 6 or x.get_device().type != "cpu" or not _rows_product_applies(x, weight, stride, padding, dilation)
             or not all(e.is_Integer for e in sizes[1:2] + sizes[3:]) or sizes[5] != 1):
         return None
     n, c, length, c_out = sizes[0], int(sizes[1]), sizes[2], int(sizes[3])
@@ -461,9 +455,7 @@ def _pointwise_conv1d_as_product(x: TensorBox, weight: TensorBox, bias: Any, str
     rows = view(permute(x, [0, 2, 1]), [n * length, c])  # (N*L, C): a view of the (N, L, C) storage
     cg, og = c // groups, c_out // groups
     if groups == 1:
-        with val.fake_mode:
-            fake = val.new_empty((val.shape[0] * val.shape[2], c_out))
-        out = mm(rows, permute(view(weight, [c_out, c]), [1, 0]), val=fake)
+        out = mm(rows, permute(view(weight, [c_out, c]), [1, 0]), val=_fake_like(val, val.shape[0] * val.shape[2], c_out))
     else:  # group g's rows of channels times its (C/g, C_out/g) weight
         out = _grouped_rows_product(permute(view(rows, [n * length, groups, cg]), [1, 0, 2]),
                                     permute(view(weight, [groups, og, cg]), [0, 2, 1]), n * length, groups, og, x)
@@ -473,9 +465,21 @@ def _pointwise_conv1d_as_product(x: TensorBox, weight: TensorBox, bias: Any, str
 
 
 def _rows_of_channels(x: TensorBox) -> bool:
-    """Whether (N, C, L) ``x`` is stored (N, L, C), made so where its layout is still open (an
-    unrealized value, a buffer of flexible strides)."""
+    """Whether (N, C, L) ``x`` is stored (N, L, C), made so where its layout is still open."""
     order = (0, 2, 1)
+    if _lay_out_if_open(x, order):
+        return True
+    data = x.data
+    if isinstance(data, StorageBox) and not isinstance(getattr(data.data, "layout", None), FixedLayout):
+        return False
+    arg = realize_input(x)  # a buffer or a view: of (N, L, C) storage when its strides say so
+    want = strides_in_order(arg.layout.size, order)
+    return all(size == 1 or have == need for size, have, need in zip(arg.layout.size, arg.layout.stride, want))
+
+
+def _lay_out_if_open(x: TensorBox, order: tuple[int, ...]) -> bool:
+    """Store ``x`` in dim ``order`` where its layout is still open (an unrealized value is
+    realized so, a buffer of flexible strides takes them); whether it was."""
     data = x.data
     if isinstance(data, StorageBox) and isinstance(data.data, Loops) and type(data.data) is Pointwise:
         data.data.stride_order = order
@@ -486,11 +490,7 @@ def _rows_of_channels(x: TensorBox) -> bool:
     if type(layout) is FlexibleLayout:
         buf.layout = FlexibleLayout.in_order(layout.device, layout.dtype, layout.size, order)
         return True
-    if isinstance(data, StorageBox) and not isinstance(layout, FixedLayout):
-        return False
-    arg = realize_input(x)  # a buffer or a view: of (N, L, C) storage when its strides say so
-    want = strides_in_order(arg.layout.size, order)
-    return all(size == 1 or have == need for size, have, need in zip(arg.layout.size, arg.layout.stride, want))
+    return False
 
 
 def channels_last_conv(x: TensorBox) -> bool:
@@ -522,16 +522,10 @@ def require_channels_last(x: TensorBox) -> TensorBox:
     """``x`` stored channels-last: an unrealized value is realized that way, anything else
     is copied (a pointwise kernel) unless it already is."""
     order = channels_last_order(len(x.get_size()))
-    data = x.data
-    if isinstance(data, StorageBox) and isinstance(data.data, Loops) and type(data.data) is Pointwise:
-        data.data.stride_order = order
-        data.realize()
+    if _lay_out_if_open(x, order):
         return x
-    buf = data.data if isinstance(data, StorageBox) else data
+    buf = x.data.data if isinstance(x.data, StorageBox) else x.data
     layout = getattr(buf, "layout", None)
-    if type(layout) is FlexibleLayout:  # realized, strides still open: lay it out channels-last
-        buf.layout = FlexibleLayout.in_order(layout.device, layout.dtype, layout.size, order)
-        return x
     if isinstance(layout, FixedLayout) and is_channels_last(layout):
         return x
     copy = Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), list(x.get_size()),
