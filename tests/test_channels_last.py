@@ -368,8 +368,13 @@ def test_pointwise_convolutions_as_products_train(tmp_path: Path) -> None:
     """The forward's 1x1 products keep their gradients: the backward computes them as aten's
     convolution backward does."""
     torch.manual_seed(0)
-    model = Bottleneck().train()
-    x = torch.randn(2, 32, 8, 8, requires_grad=True)
+    forward, _ = _train_like_eager(Bottleneck().train(), torch.randn(2, 32, 8, 8, requires_grad=True), tmp_path)
+    assert len(_conv_inputs(forward)) == 1, forward
+
+
+def _train_like_eager(model: torch.nn.Module, x: torch.Tensor, tmp_path: Path) -> tuple[str, str]:
+    """A compiled training step's gradients (of the parameters and ``x``) match eager's; the
+    forward's and the backward's wrappers."""
     model(x).square().mean().backward()
     expected = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
     model.zero_grad()
@@ -378,8 +383,7 @@ def test_pointwise_convolutions_as_products_train(tmp_path: Path) -> None:
         torch.compile(model, backend="minductor")(x).square().mean().backward()
     for got, want in zip([p.grad for p in model.parameters()] + [x.grad], expected):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    forward = next(tmp_path.glob("graph_*_forward/output_code.py")).read_text()
-    assert len(_conv_inputs(forward)) == 1, forward
+    return tuple(next(tmp_path.glob(f"graph_*_{kind}/output_code.py")).read_text() for kind in ("forward", "backward"))
 
 
 class PointwiseConv1d(torch.nn.Module):
@@ -410,18 +414,9 @@ def test_pointwise_conv1d_of_transposed_rows_runs_as_products(grad: bool, tmp_pa
         code = _compile(model, h, tmp_path=tmp_path)
         assert not _conv_inputs(code) and code.count("torch.bmm(") == 2, code
         return
-    model(h).square().mean().backward()
-    expected = [p.grad.clone() for p in model.parameters()] + [h.grad.clone()]
-    model.zero_grad()
-    h.grad = None
-    with config.patch(debug=True, debug_dir=str(tmp_path)):
-        torch.compile(model, backend="minductor")(h).square().mean().backward()
-    for got, want in zip([p.grad for p in model.parameters()] + [h.grad], expected):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    forward = next(tmp_path.glob("graph_*_forward/output_code.py")).read_text()
+    forward, backward = _train_like_eager(model, h, tmp_path)
     assert not _conv_inputs(forward) and forward.count("torch.bmm(") == 2, forward
     # the backward's products too: each input's gradient dy @ W and weight's dy^T @ x
-    backward = next(tmp_path.glob("graph_*_backward/output_code.py")).read_text()
     assert "convolution_backward" not in backward and backward.count("torch.bmm(") == 4, backward
 
 
