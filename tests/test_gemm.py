@@ -296,7 +296,7 @@ def test_products_with_a_few_rows_sum_column_by_column(rows: int, dtype: torch.d
     product's loops run columns outside, rows inside."""
     torch.manual_seed(0)
     x, w, bias = torch.randn(rows, 300, dtype=dtype), torch.randn(400, 300, dtype=dtype), torch.randn(400, dtype=dtype)
-    xb, wb = torch.randn(2, rows, 300, dtype=dtype), torch.randn(2, 300, 400, dtype=dtype)
+    xb, wb = torch.randn(2, rows, 300, dtype=dtype), torch.randn(2, 400, 300, dtype=dtype).transpose(1, 2)
     with config.patch(debug=True, debug_dir=str(tmp_path)):
         got = torch.compile(lambda x, w, b, xb, wb: (F.linear(x, w, b), torch.bmm(xb, wb)), backend="minductor")(x, w, bias, xb, wb)
     tol = {torch.bfloat16: dict(rtol=2e-2, atol=2e-1)}.get(dtype, dict(rtol=1e-4, atol=1e-4))
@@ -326,6 +326,21 @@ def test_an_operand_read_for_every_column_is_computed_once(rows: int, tmp_path: 
     products = [name for name in kernels if "_sum_" in name]
     assert products and not any("mi_maximum" in kernels[n] for n in products), kernels  # no hardswish inside
     assert sum("mi_maximum" in k for k in kernels.values()) == 1, kernels  # computed once, by its own kernel
+
+
+def test_a_matrix_stored_along_its_columns_goes_to_the_gemm(tmp_path: Path) -> None:
+    """Column by column, the sums read the matrix along its depth: one stored along its columns
+    (a weight gradient's activations, LeViT's 8x96 @ 96x256) was read 256 floats apart, 274 us
+    where a GEMM call takes a few. It goes to the GEMM library; one stored along its depth (a
+    linear layer's weight) stays a sum."""
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 96), torch.randn(96, 256)
+    for name, matrix in (("columns", b), ("depth", b.t().contiguous().t())):
+        torch._dynamo.reset()
+        with config.patch(debug=True, debug_dir=str(tmp_path / name)):
+            torch.testing.assert_close(torch.compile(torch.mm, backend="minductor")(a, matrix), a @ matrix, rtol=1e-4, atol=1e-4)
+        code = "\n".join(_codes(tmp_path / name).values())
+        assert (ONEDNN in code or "torch.mm(" in code) == (name == "columns"), code
 
 
 def test_products_with_more_rows_stay_gemms(tmp_path: Path) -> None:

@@ -103,7 +103,11 @@ def _vector_product(a: TensorBox, b: TensorBox, wide_result: bool = False, strea
     itemsize = min(a.get_dtype().itemsize, b.get_dtype().itemsize)
     streams = (not batch and int(k) >= WIDE_ROW and int(n) >= FEW_ROWS_MIN_COLS and int(m) <= SUB_ROWS_MAX
                and sub_rows_stream(itemsize, int(m)))
-    few_rows = int(m) <= FEW_ROWS and int(n) >= FEW_ROWS_MIN_COLS and (int(k) <= FEW_ROWS_MAX_DEPTH or streams)
+    # (column by column: the matrix read along its depth, so not one stored along its columns
+    # (a weight gradient's (k, n) activations): LeViT's 8x96 @ 96x256 read its matrix 256
+    # floats apart, 274 us; a GEMM call takes a few)
+    few_rows = int(m) <= FEW_ROWS and int(n) >= FEW_ROWS_MIN_COLS and (int(k) <= FEW_ROWS_MAX_DEPTH or streams) \
+        and not _stored_along_columns(b)
     if min(int(m), int(n)) > 2 and not few_rows:
         return None
     if streamed_only and min(int(m), int(n)) > 1 and not streams:
@@ -129,6 +133,14 @@ def _vector_product(a: TensorBox, b: TensorBox, wide_result: bool = False, strea
         out = sum_(mul(view(b_t, [*batch, n, one, k]), view(a, [*batch, one, m, k])), [lead + 2])
         out = permute(out, [*range(lead), lead + 1, lead])
     return out if wide_result else to_dtype(out, dtype)
+
+
+def _stored_along_columns(b: TensorBox) -> bool:
+    """Whether matrix ``b`` (..., k, n) is a buffer (or a view of one) whose columns are
+    contiguous, its depth ``k`` strided."""
+    data = b.data
+    layout = getattr(data.data if isinstance(data, StorageBox) else data, "layout", None)
+    return isinstance(layout, FixedLayout) and layout.stride[-1] == 1 and layout.stride[-2] != 1
 
 
 def _computed_once(x: TensorBox) -> TensorBox:
