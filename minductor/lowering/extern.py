@@ -138,9 +138,20 @@ def _vector_product(a: TensorBox, b: TensorBox, wide_result: bool = False, strea
 def _stored_along_columns(b: TensorBox) -> bool:
     """Whether matrix ``b`` (..., k, n) is a buffer (or a view of one) whose columns are
     contiguous, its depth ``k`` strided."""
-    data = b.data
-    layout = getattr(data.data if isinstance(data, StorageBox) else data, "layout", None)
+    layout = _buffer_layout(b)
     return isinstance(layout, FixedLayout) and layout.stride[-1] == 1 and layout.stride[-2] != 1
+
+
+def _buffer_layout(x: TensorBox) -> Any:
+    """The layout of the buffer ``x`` holds, or of the strided view it is (else None)."""
+    data = x.data
+    return getattr(data.data if isinstance(data, StorageBox) else data, "layout", None)
+
+
+def _strides_follow(layout: FixedLayout, order: tuple[int, ...]) -> bool:
+    """Whether ``layout``'s elements lie in dim ``order`` (strides of size-1 dims do not matter)."""
+    want = strides_in_order(layout.size, order)
+    return all(size == 1 or have == need for size, have, need in zip(layout.size, layout.stride, want))
 
 
 def _computed_once(x: TensorBox) -> TensorBox:
@@ -341,12 +352,11 @@ def _pointwise_conv1d_backward_as_products(grad_output: TensorBox, x: TensorBox,
     from minductor.lowering.registry import lowerings
     from minductor.lowering.views import permute, view
 
-    sizes = [sympy.sympify(e) for e in (*x.get_size(), *weight.get_size())]
-    if (transposed or len(sizes) != 6 or x.get_device().type != "cpu" or not _rows_product_applies(x, weight, stride, padding, dilation)
-            or grad_output.get_dtype() != torch.float32 or not all(e.is_Integer for e in sizes[1:2] + sizes[3:])
-            or sizes[5] != 1 or int(sizes[1]) % groups or int(sizes[3]) % groups or not _rows_of_channels(x)):
+    shape = _conv1d_as_rows(x, weight, stride, padding, dilation, transposed, groups) \
+        if grad_output.get_dtype() == torch.float32 else None
+    if shape is None:
         return None
-    n, c, length, c_out = sizes[0], int(sizes[1]), sizes[2], int(sizes[3])
+    n, c, length, c_out = shape
     cg, og, rows_n = c // groups, c_out // groups, n * length
     _rows_of_channels(grad_output)  # (a value not yet laid out: as rows; stored (N, C, L): copied below)
     dy = view(permute(grad_output, [0, 2, 1]), [rows_n, c_out])
@@ -372,12 +382,21 @@ def _pointwise_conv1d_backward_as_products(grad_output: TensorBox, x: TensorBox,
     return grad_input, grad_weight, grad_bias
 
 
-def _rows_product_applies(x: TensorBox, weight: TensorBox, stride: Any, padding: Any, dilation: Any) -> bool:
-    """The conditions, but for the layout, under which a kernel-1 conv1d runs as products."""
+def _conv1d_as_rows(x: TensorBox, weight: TensorBox, stride: Any, padding: Any, dilation: Any, transposed: bool,
+                    groups: int) -> tuple[sympy.Expr, int, sympy.Expr, int] | None:
+    """(N, C, L, C_out) of a kernel-1 conv1d (stride 1, no padding, float32, CPU C++ kernels,
+    static channels) whose input is stored (N, L, C), laid out so where still open: the
+    convolution (and its backward) then runs as products of rows of channels; else None."""
     from minductor import config
 
-    return (config.cpu_backend == "cpp" and list(stride) == [1] and list(padding) == [0] and list(dilation) == [1]
-            and x.get_dtype() == torch.float32 and weight.get_dtype() == torch.float32)
+    sizes = [sympy.sympify(e) for e in (*x.get_size(), *weight.get_size())]
+    if (transposed or len(sizes) != 6 or x.get_device().type != "cpu" or config.cpu_backend != "cpp"
+            or list(stride) != [1] or list(padding) != [0] or list(dilation) != [1]
+            or x.get_dtype() != torch.float32 or weight.get_dtype() != torch.float32
+            or not all(e.is_Integer for e in sizes[1:2] + sizes[3:]) or sizes[5] != 1
+            or int(sizes[1]) % groups or int(sizes[3]) % groups or not _rows_of_channels(x)):
+        return None
+    return sizes[0], int(sizes[1]), sizes[2], int(sizes[3])
 
 
 def _fake_like(like: torch.Tensor, *size: Any) -> torch.Tensor:
@@ -433,9 +452,7 @@ def _pointwise_conv_as_mm(x: TensorBox, weight: TensorBox, bias: Any, stride: An
         return None
     if any(step != 1 for step in stride):  # (every stride-th pixel, gathered by a copy kernel named for the convolution)
         rows = TensorBox(StorageBox(contiguous_copy(rows, frozenset({"convolution"}))))
-    with val.fake_mode:
-        fake = torch.empty_strided((n * h * w, c_out), (c_out, 1), dtype=val.dtype, device=val.device)
-    out = mm(rows, weights, val=fake)
+    out = mm(rows, weights, val=_fake_like(val, n * h * w, c_out))
     if isinstance(bias, IRNode):
         out = lowerings[aten.add.Tensor](out, bias)
     return permute(view(out, [n, h, w, c_out]), [0, 3, 1, 2])
@@ -457,13 +474,10 @@ def _pointwise_conv1d_as_product(x: TensorBox, weight: TensorBox, bias: Any, str
     from minductor.lowering.registry import lowerings
     from minductor.lowering.views import permute, view
 
-    sizes = [sympy.sympify(e) for e in (*x.get_size(), *weight.get_size())]
-    if (transposed or len(sizes) != 6 or x.get_device().type != "cpu" or not _rows_product_applies(x, weight, stride, padding, dilation)
-            or not all(e.is_Integer for e in sizes[1:2] + sizes[3:]) or sizes[5] != 1):
+    shape = _conv1d_as_rows(x, weight, stride, padding, dilation, transposed, groups)
+    if shape is None:
         return None
-    n, c, length, c_out = sizes[0], int(sizes[1]), sizes[2], int(sizes[3])
-    if c_out % groups or c % groups or not _rows_of_channels(x):
-        return None
+    n, c, length, c_out = shape
     rows = view(permute(x, [0, 2, 1]), [n * length, c])  # (N*L, C): a view of the (N, L, C) storage
     cg, og = c // groups, c_out // groups
     if groups == 1:
@@ -481,12 +495,9 @@ def _rows_of_channels(x: TensorBox) -> bool:
     order = (0, 2, 1)
     if _lay_out_if_open(x, order):
         return True
-    data = x.data
-    if isinstance(data, StorageBox) and not isinstance(getattr(data.data, "layout", None), FixedLayout):
+    if isinstance(x.data, StorageBox) and not isinstance(_buffer_layout(x), FixedLayout):
         return False
-    arg = realize_input(x)  # a buffer or a view: of (N, L, C) storage when its strides say so
-    want = strides_in_order(arg.layout.size, order)
-    return all(size == 1 or have == need for size, have, need in zip(arg.layout.size, arg.layout.stride, want))
+    return _strides_follow(realize_input(x).layout, order)  # a buffer or a view: of (N, L, C) storage?
 
 
 def _lay_out_if_open(x: TensorBox, order: tuple[int, ...]) -> bool:
@@ -520,13 +531,9 @@ def _weight_channels_last(weight: TensorBox) -> TensorBox:
     matter). aten's convolution would copy it itself, slower: (64, 64, 3, 3) 27 us a call of a
     (4, 64, 4, 4) convolution, one thread, where the copy kernel takes a few; TorchInductor copies
     the weights the same way."""
-    buf = weight.data.data if isinstance(weight.data, StorageBox) else weight.data
-    layout = getattr(buf, "layout", None)
-    order = channels_last_order(len(weight.get_size()))
-    if isinstance(layout, FixedLayout) and order is not None:
-        want = strides_in_order(layout.size, order)
-        if all(size == 1 or have == need for size, have, need in zip(layout.size, layout.stride, want)):
-            return weight
+    layout, order = _buffer_layout(weight), channels_last_order(len(weight.get_size()))
+    if isinstance(layout, FixedLayout) and order is not None and _strides_follow(layout, order):
+        return weight
     return require_channels_last(weight)
 
 
@@ -536,8 +543,7 @@ def require_channels_last(x: TensorBox) -> TensorBox:
     order = channels_last_order(len(x.get_size()))
     if _lay_out_if_open(x, order):
         return x
-    buf = x.data.data if isinstance(x.data, StorageBox) else x.data
-    layout = getattr(buf, "layout", None)
+    layout = _buffer_layout(x)
     if isinstance(layout, FixedLayout) and is_channels_last(layout):
         return x
     copy = Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), list(x.get_size()),
